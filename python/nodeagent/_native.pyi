@@ -1,0 +1,3 @@
+"""Type stubs for the Rust extension `nodeagent._native`."""
+
+__version__: str

@@ -1,0 +1,126 @@
+"""Structured logging for nodeagent.
+
+Every component logs through `get_logger(__name__)` and passes fields as keyword arguments:
+``log.warning("watch failed", resource="configmaps", error=str(exc))``. The formatter renders
+them as ``key=value`` pairs or one JSON object per line, each line prefixed with the syslog
+priority (``<4>``) so journald keeps the level when stderr is its stream.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any, Literal
+
+LogFormat = Literal["text", "json"]
+
+# syslog priorities (journald reads "<N>" prefixes on stderr lines, SyslogLevelPrefix=true).
+_PRIORITY = {
+    logging.DEBUG: 7,
+    logging.INFO: 6,
+    logging.WARNING: 4,
+    logging.ERROR: 3,
+    logging.CRITICAL: 2,
+}
+
+
+def _priority(levelno: int) -> int:
+    for level in (logging.CRITICAL, logging.ERROR, logging.WARNING, logging.INFO):
+        if levelno >= level:
+            return _PRIORITY[level]
+    return _PRIORITY[logging.DEBUG]
+
+
+class Logger:
+    """A thin wrapper over `logging.Logger` that takes structured fields as keywords."""
+
+    __slots__ = ("_logger",)
+
+    def __init__(self, name: str) -> None:
+        self._logger = logging.getLogger(name)
+
+    def _log(self, level: int, msg: str, exc_info: bool, fields: dict[str, Any]) -> None:
+        if self._logger.isEnabledFor(level):
+            self._logger.log(level, msg, exc_info=exc_info, extra={"fields": fields}, stacklevel=3)
+
+    def debug(self, msg: str, **fields: Any) -> None:
+        self._log(logging.DEBUG, msg, False, fields)
+
+    def info(self, msg: str, **fields: Any) -> None:
+        self._log(logging.INFO, msg, False, fields)
+
+    def warning(self, msg: str, **fields: Any) -> None:
+        self._log(logging.WARNING, msg, False, fields)
+
+    def error(self, msg: str, **fields: Any) -> None:
+        self._log(logging.ERROR, msg, False, fields)
+
+    def exception(self, msg: str, **fields: Any) -> None:
+        """Log at ERROR with the current exception's traceback."""
+        self._log(logging.ERROR, msg, True, fields)
+
+    def is_enabled_for(self, level: int) -> bool:
+        return self._logger.isEnabledFor(level)
+
+
+def get_logger(name: str) -> Logger:
+    return Logger(name)
+
+
+def _text_value(value: object) -> str:
+    text = str(value)
+    if not text or any(c in text for c in ' "=\n\t'):
+        return json.dumps(text)
+    return text
+
+
+class StructuredFormatter(logging.Formatter):
+    """Renders records as ``<P>ts level logger msg k=v ...`` or as one JSON object per line."""
+
+    def __init__(self, fmt: LogFormat = "text", *, priority_prefix: bool = True) -> None:
+        super().__init__()
+        self.fmt = fmt
+        self.priority_prefix = priority_prefix
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = dict(getattr(record, "fields", None) or {})
+        if record.exc_info:
+            fields["exception"] = self.formatException(record.exc_info)
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        ts += f".{int(record.msecs):03d}Z"
+        if self.fmt == "json":
+            doc = {
+                "ts": ts,
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "msg": record.getMessage(),
+                **{
+                    k: v if isinstance(v, int | float | bool | None) else str(v)
+                    for k, v in fields.items()
+                },
+            }
+            line = json.dumps(doc, separators=(",", ":"))
+        else:
+            parts = [ts, record.levelname.lower(), record.name, _text_value(record.getMessage())]
+            parts += [f"{k}={_text_value(v)}" for k, v in fields.items()]
+            line = " ".join(parts)
+        if self.priority_prefix:
+            # Multi-line values (tracebacks) stay one record: escape newlines in text mode.
+            line = f"<{_priority(record.levelno)}>" + line.replace("\n", "\\n")
+        return line
+
+
+def configure_logging(
+    level: str = "info", fmt: LogFormat = "text", *, priority_prefix: bool = True
+) -> None:
+    """Send all nodeagent logs to stderr with the given level and format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(StructuredFormatter(fmt, priority_prefix=priority_prefix))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # Third-party chatter stays at WARNING unless we debug.
+    for noisy in ("httpx", "httpcore", "hpack", "grpclib", "asyncio", "trio_asyncio"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
