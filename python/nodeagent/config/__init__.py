@@ -1,0 +1,1 @@
+"""Static configuration (TOML file + flags) and, later, the dynamic configuration manager."""
