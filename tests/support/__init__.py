@@ -1,0 +1,1 @@
+"""Shared helpers for nodeagent's tests (no pytest plugins registered here)."""
