@@ -1,19 +1,185 @@
-"""The `nodeagent` command line."""
+"""The `nodeagent` command line: run, check-config, status."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 
 from nodeagent import __version__
+from nodeagent.config.errors import ConfigError
+from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, load_config, parse_set
+
+EXIT_OK = 0
+EXIT_FATAL = 1
+EXIT_CONFIG = 2
+
+# flag -> (TOML key, help)
+_FLAG_KEYS: dict[str, tuple[str, str]] = {
+    "kubeconfig": (
+        "kube.kubeconfig",
+        "kubeconfig file; without one (and outside a pod) run standalone",
+    ),
+    "node_name": ("agent.node_name", "node name (default: $NODE_NAME, else the hostname)"),
+    "state_dir": (
+        "agent.state_dir",
+        "state directory (default: /var/lib/nodeagent as root, else "
+        "$XDG_STATE_HOME/nodeagent or ~/.local/state/nodeagent)",
+    ),
+    "registry_dir": (
+        "plugins.registry_dir",
+        "plugin registry directory (default: <state_dir>/plugins_registry)",
+    ),
+    "ops_address": ("ops.address", "ops endpoint HOST:PORT (default 127.0.0.1:9464)"),
+    "log_level": ("agent.log_level", "debug, info, warning or error"),
+    "log_format": ("agent.log_format", "text or json"),
+}
+
+
+def _config_flags() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("configuration (flags override the file)")
+    group.add_argument(
+        "--config",
+        metavar="FILE",
+        help=f"TOML config file (default {DEFAULT_CONFIG_PATH}; absent default = defaults)",
+    )
+    for dest, (_, text) in _FLAG_KEYS.items():
+        group.add_argument("--" + dest.replace("_", "-"), dest=dest, metavar="VALUE", help=text)
+    group.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any config field; VALUE is a TOML literal (repeatable)",
+    )
+    return parent
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodeagent", description=__doc__)
     parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
-    parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    flags = _config_flags()
+    sub.add_parser("run", parents=[flags], help="run the agent in the foreground")
+    check = sub.add_parser(
+        "check-config",
+        parents=[flags],
+        help="validate a config file and print the effective config",
+    )
+    check.add_argument("file", nargs="?", metavar="FILE", help="config file (same as --config)")
+    check.add_argument("--format", choices=["toml", "json"], default="toml")
+    status = sub.add_parser("status", help="show a running agent's components and plugins")
+    status.add_argument(
+        "--ops-address",
+        metavar="HOST:PORT",
+        help="the agent's ops endpoint (default: ops.address from --config, else 127.0.0.1:9464)",
+    )
+    status.add_argument("--config", metavar="FILE", help="read ops.address from this config file")
+    status.add_argument("--json", action="store_true", help="print the raw JSON views")
+    status.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout in seconds")
     return parser
+
+
+def overrides_from_args(args: argparse.Namespace) -> list[Override]:
+    out = [
+        Override(key, getattr(args, dest), "--" + dest.replace("_", "-"))
+        for dest, (key, _) in _FLAG_KEYS.items()
+        if getattr(args, dest, None) is not None
+    ]
+    return out + [parse_set(text) for text in args.sets]
+
+
+def _config_failure(exc: ConfigError) -> int:
+    print(f"nodeagent: invalid configuration: {exc}", file=sys.stderr)
+    return EXIT_CONFIG
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from nodeagent.config.render import to_json, to_toml
+
+    try:
+        config, source = load_config(args.file or args.config, overrides_from_args(args))
+    except ConfigError as exc:
+        return _config_failure(exc)
+    print(f"# effective configuration from {source or 'defaults'}", file=sys.stderr)
+    sys.stdout.write(to_json(config) if args.format == "json" else to_toml(config))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    try:
+        config, source = load_config(args.config, overrides_from_args(args))
+    except ConfigError as exc:
+        return _config_failure(exc)
+
+    # Imported late: `check-config` and `status` stay fast and light.
+    import prometheus_client
+    import trio
+
+    from nodeagent.log import configure_logging, get_logger
+    from nodeagent.service.agent import Agent
+    from nodeagent.service.component import FatalError
+    from nodeagent.service.supervisor import describe, find_fatal
+
+    # journald sets $JOURNAL_STREAM and understands "<N>" priority prefixes; a terminal does not.
+    configure_logging(
+        config.agent.log_level,
+        config.agent.log_format,
+        priority_prefix="JOURNAL_STREAM" in os.environ,
+    )
+    # *_created series double every counter's exposition for no use on a node agent.
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    log = get_logger("nodeagent")
+    log.info("configuration loaded", source=source or "defaults", version=__version__)
+    try:
+        trio.run(Agent(config).run)
+    except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
+        return 130
+    except FatalError as exc:
+        log.error("fatal error", error=str(exc))
+        return EXIT_FATAL
+    except BaseException as exc:
+        fatal = find_fatal(exc)
+        if fatal is not None:
+            log.error("fatal error", error=str(fatal))
+            return EXIT_FATAL
+        if not isinstance(exc, Exception):
+            raise
+        log.exception("agent crashed", error=describe(exc))
+        return EXIT_FATAL
+    return EXIT_OK
+
+
+def _status_address(args: argparse.Namespace) -> str:
+    if args.ops_address:
+        return str(args.ops_address)
+    try:
+        config, _ = load_config(args.config)
+    except ConfigError as exc:
+        print(f"nodeagent: ignoring invalid configuration ({exc})", file=sys.stderr)
+        return "127.0.0.1:9464"
+    return config.ops.address
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from nodeagent.service import status
+
+    address = _status_address(args)
+    try:
+        doc = status.fetch(address, "/v1/status", args.timeout)
+        plugins = status.fetch(address, "/v1/plugins", args.timeout)
+    except status.Unreachable as exc:
+        print(f"nodeagent: cannot reach the agent's ops endpoint: {exc}", file=sys.stderr)
+        return status.EXIT_UNREACHABLE
+    if args.json:
+        print(json.dumps({"status": doc, "plugins": plugins}, indent=2))
+    else:
+        sys.stdout.write(status.render(doc, plugins))
+    return status.exit_code(doc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,8 +187,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
-        return 2
-    return 0
+        return EXIT_CONFIG
+    try:
+        commands = {"run": cmd_run, "check-config": cmd_check_config, "status": cmd_status}
+        return commands[args.command](args)
+    except ConfigError as exc:  # e.g. a malformed --set
+        return _config_failure(exc)
 
 
 if __name__ == "__main__":

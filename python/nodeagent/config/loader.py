@@ -1,0 +1,245 @@
+"""Load the static configuration: TOML file, then flag overrides, then defaults, then validation.
+
+Every failure is a `ConfigError` naming the field (as a dotted TOML path), the value and the rule.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from nodeagent.config.errors import ConfigError
+from nodeagent.config.schema import Config
+
+DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.toml"
+ROOT_STATE_DIR = "/var/lib/nodeagent"
+REGISTRY_SUBDIR = "plugins_registry"
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What defaults depend on, injectable so tests can be root or not without being root."""
+
+    uid: int
+    env: Mapping[str, str]
+    hostname: str
+    home: str
+
+    @classmethod
+    def current(cls) -> Environment:
+        return cls(
+            uid=os.geteuid(),
+            env=dict(os.environ),
+            hostname=socket.gethostname(),
+            home=os.path.expanduser("~"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Override:
+    """One `section.key = value` coming from the command line; `value` is already typed."""
+
+    key: str
+    value: Any
+    source: str = field(default="--set")
+
+
+def default_state_dir(environment: Environment) -> str:
+    if environment.uid == 0:
+        return ROOT_STATE_DIR
+    xdg = environment.env.get("XDG_STATE_HOME", "")
+    # The XDG spec says relative values are invalid and must be ignored.
+    if xdg.startswith("/"):
+        return os.path.join(xdg, "nodeagent")
+    return os.path.join(environment.home, ".local", "state", "nodeagent")
+
+
+def default_node_name(environment: Environment) -> str:
+    return (environment.env.get("NODE_NAME") or environment.hostname).strip().lower()
+
+
+def parse_set_value(text: str) -> Any:
+    """`--set` values are TOML literals (`1.5`, `true`, `[0, 1000]`, `"x"`); anything that is not
+    valid TOML (a bare path or word) is taken as a string, which is what a user typing
+    `--set kube.context=prod` means."""
+    try:
+        return msgspec.toml.decode(f"v = {text}".encode())["v"]
+    except msgspec.DecodeError:
+        return text
+
+
+def parse_set(assignment: str) -> Override:
+    key, sep, value = assignment.partition("=")
+    key = key.strip()
+    if not sep or not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z_][a-z0-9_]*)+", key):
+        raise ConfigError(
+            "--set", assignment, "must be SECTION.KEY=VALUE (e.g. plugins.scan_interval=2)"
+        )
+    return Override(key, parse_set_value(value.strip()))
+
+
+def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
+    """The raw TOML document and the path it came from (None: the default file is absent)."""
+    explicit = path is not None
+    target = path if path is not None else DEFAULT_CONFIG_PATH
+    try:
+        with open(target, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError("--config", target, "file does not exist") from None
+        return {}, None
+    except OSError as exc:
+        raise ConfigError("--config", target, f"cannot be read: {exc.strerror}") from None
+    try:
+        raw = msgspec.toml.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ConfigError("--config", target, f"invalid TOML: {exc}") from None
+    return raw, target
+
+
+def apply_overrides(raw: dict[str, Any], overrides: Sequence[Override]) -> dict[str, Any]:
+    out: dict[str, Any] = {k: dict(v) if isinstance(v, dict) else v for k, v in raw.items()}
+    for ov in overrides:
+        *parents, leaf = ov.key.split(".")
+        node = out
+        walked: list[str] = []
+        for part in parents:
+            walked.append(part)
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(".".join(walked), child, f"is not a table, cannot set {ov.key}")
+            node[part] = child = dict(child)
+            node = child
+        node[leaf] = ov.value
+    return out
+
+
+_PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
+
+
+def _split_path(path: str) -> list[str | int]:
+    return [name if name else int(index) for name, index in _PATH_PART.findall(path)]
+
+
+def _dotted(parts: Sequence[str | int]) -> str:
+    text = ""
+    for p in parts:
+        text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else p)
+    return text
+
+
+def _lookup(raw: Any, parts: Sequence[str | int]) -> Any:
+    node = raw
+    for p in parts:
+        try:
+            node = node[p]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _struct_at(parts: Sequence[str | int]) -> type[msgspec.Struct] | None:
+    node: Any = Config
+    for p in parts:
+        if not (isinstance(node, type) and issubclass(node, msgspec.Struct)) or isinstance(p, int):
+            return None
+        info = {f.name: f.type for f in msgspec.structs.fields(node)}
+        if p not in info:
+            return None
+        node = info[p]
+    return node if isinstance(node, type) and issubclass(node, msgspec.Struct) else None
+
+
+def _literal_choices(parts: Sequence[str | int]) -> list[str]:
+    owner = _struct_at(parts[:-1])
+    if owner is None or not parts:
+        return []
+    for f in msgspec.structs.fields(owner):
+        if f.name == parts[-1]:
+            return [str(a) for a in typing.get_args(f.type) if isinstance(a, str)]
+    return []
+
+
+def translate_validation_error(exc: msgspec.ValidationError, raw: Any) -> ConfigError:
+    """`Expected float, got str - at $.plugins.scan_interval` -> ConfigError naming
+    `plugins.scan_interval`, the offending value and the rule."""
+    message = str(exc)
+    rule, _, at = message.partition(" - at `$")
+    parts = _split_path(at.rstrip("`"))
+    unknown = re.fullmatch(r"Object contains unknown field `(.+)`", rule)
+    if unknown:
+        owner = _struct_at(parts)
+        parts = [*parts, unknown.group(1)]
+        rule = "unknown field"
+        if owner is not None:
+            rule += " (known: " + ", ".join(f.name for f in msgspec.structs.fields(owner)) + ")"
+    elif rule.startswith("Invalid enum value"):
+        choices = _literal_choices(parts)
+        if choices:
+            rule += " (allowed: " + ", ".join(choices) + ")"
+    rule = rule.replace("`", "")
+    rule = rule[:1].lower() + rule[1:]
+    return ConfigError(_dotted(parts) or "(document)", _lookup(raw, parts), rule)
+
+
+def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -> Config:
+    agent = config.agent
+    node_name = agent.node_name or default_node_name(environment)
+    state_dir = agent.state_dir or default_state_dir(environment)
+    if not os.path.isabs(state_dir):
+        state_dir = os.path.abspath(state_dir)
+    agent = msgspec.structs.replace(agent, node_name=node_name, state_dir=state_dir)
+
+    plugins = config.plugins
+    raw_plugins = raw.get("plugins")
+    # Only an explicit registry_dir is kept: otherwise it lives under the (possibly per-user)
+    # state dir, so a non-root agent works without any configuration.
+    explicit = isinstance(raw_plugins, dict) and "registry_dir" in raw_plugins
+    registry_dir = plugins.registry_dir if explicit else REGISTRY_SUBDIR
+    registry_dir = os.path.join(state_dir, registry_dir)  # no-op for absolute paths
+    plugins = msgspec.structs.replace(plugins, registry_dir=os.path.normpath(registry_dir))
+    return msgspec.structs.replace(config, agent=agent, plugins=plugins)
+
+
+def _validate_section(section: str, settings: Any) -> None:
+    try:
+        settings.validate()
+    except ConfigError as exc:
+        name = exc.field if exc.field.startswith(f"{section}.") else f"{section}.{exc.field}"
+        raise ConfigError(name, exc.value, exc.rule) from None
+    except ValueError as exc:  # a section that predates ConfigError: keep its message
+        raise ConfigError(section, None, str(exc)) from None
+
+
+def build_config(
+    raw: dict[str, Any],
+    overrides: Sequence[Override] = (),
+    environment: Environment | None = None,
+) -> Config:
+    merged = apply_overrides(raw, overrides)
+    try:
+        config = msgspec.convert(merged, Config)
+    except msgspec.ValidationError as exc:
+        raise translate_validation_error(exc, merged) from None
+    config = _resolve(config, merged, environment or Environment.current())
+    for name in ("agent", "ops", "plugins", "kube"):
+        _validate_section(name, getattr(config, name))
+    return config
+
+
+def load_config(
+    path: str | None,
+    overrides: Sequence[Override] = (),
+    environment: Environment | None = None,
+) -> tuple[Config, str | None]:
+    """The effective configuration and the file it came from (None: defaults only)."""
+    raw, source = read_config_file(path)
+    return build_config(raw, overrides, environment), source

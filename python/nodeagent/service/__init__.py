@@ -1,0 +1,1 @@
+"""The nodeagent process: supervision tree, ops HTTP endpoint, sd_notify, heartbeat."""

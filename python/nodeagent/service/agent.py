@@ -1,0 +1,253 @@
+"""The agent process: one Trio run rooted here.
+
+Tree: signal watcher | main scope [ gRPC bridge [ heartbeat, ops endpoint, status loop,
+supervisor [ plugins, kube, ... ] ] ] | shutdown hooks. The first SIGTERM/SIGINT cancels the main
+scope, then the hooks run (flush checkpoints) under `agent.shutdown_timeout`; a timer thread
+enforces that deadline even if a cleanup hangs, and a second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+
+from nodeagent import __version__
+from nodeagent.config.render import to_builtins
+from nodeagent.config.schema import Config
+from nodeagent.log import get_logger
+from nodeagent.service.cluster import ClusterComponent
+from nodeagent.service.component import Component, FatalError
+from nodeagent.service.components import PluginsComponent
+from nodeagent.service.heartbeat import Heartbeat
+from nodeagent.service.metrics import BUILD_INFO
+from nodeagent.service.ops import OpsServer
+from nodeagent.service.sdnotify import Notifier
+from nodeagent.service.supervisor import ComponentReport, Supervisor
+
+log = get_logger(__name__)
+
+EXIT_SHUTDOWN_TIMEOUT = 1
+ShutdownHook = Callable[[], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _open_bridge() -> AsyncIterator[Any]:
+    try:
+        from nodeagent.plugins.bridge import open_grpc_bridge
+    except ImportError:  # PLACEHOLDER until the plugins package lands
+        yield None
+        return
+    async with open_grpc_bridge() as bridge:
+        yield bridge
+
+
+def _plugin_components(config: Config, bridge: Any) -> list[Component]:
+    if bridge is None:
+        return []
+    try:
+        from nodeagent.plugins.manager import PluginManager
+    except ImportError:  # PLACEHOLDER until the plugins package lands
+        return []
+
+    return [PluginsComponent(PluginManager(config.plugins, bridge))]
+
+
+def _hard_exit(code: int, message: str) -> None:
+    # Runs in a thread or a signal path: no logging machinery, no Trio.
+    sys.stderr.write(f"<2>nodeagent: {message}\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        notifier: Notifier | None = None,
+        extra_components: Sequence[Component] = (),
+        cluster: ClusterComponent | None = None,
+    ) -> None:
+        self.config = config
+        self.notifier = notifier or Notifier.from_env()
+        self.heartbeat = Heartbeat.from_env(
+            config.agent.heartbeat_interval,
+            self.notifier,
+            stale_after=config.agent.healthz_stale_after,
+        )
+        self.ops = OpsServer(config.ops, self)
+        self.cluster = cluster or ClusterComponent(config.kube)
+        self.extra_components = list(extra_components)
+        self.supervisor: Supervisor | None = None
+        self.plugins_component: PluginsComponent | None = None
+        self.shutdown_hooks: list[ShutdownHook] = []
+        self.started_wall = time.time()
+        self.started_at: float | None = None
+        self._main_scope = trio.CancelScope()
+        self._shutdown_started = False
+        self._hard_timer: threading.Timer | None = None
+
+    def add_shutdown_hook(self, hook: ShutdownHook) -> None:
+        """Called after the components are cancelled, in order, within the shutdown deadline."""
+        self.shutdown_hooks.append(hook)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        self._prepare_state_dir()
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with trio.open_nursery() as outer:
+                outer.start_soon(self._watch_signals, signals)
+                with self._main_scope:
+                    await self._serve()
+                await self._run_shutdown_hooks()
+                outer.cancel_scope.cancel()
+        if self._hard_timer is not None:
+            self._hard_timer.cancel()
+        log.info("stopped")
+
+    def request_shutdown(self, reason: str) -> None:
+        if self._shutdown_started:
+            return
+        self._shutdown_started = True
+        timeout = self.config.agent.shutdown_timeout
+        log.info("shutting down", reason=reason, timeout=timeout)
+        self.notifier.stopping(f"stopping: {reason}")
+        self._hard_timer = threading.Timer(
+            timeout,
+            _hard_exit,
+            (EXIT_SHUTDOWN_TIMEOUT, f"shutdown did not finish within {timeout:g}s; exiting"),
+        )
+        self._hard_timer.daemon = True
+        self._hard_timer.start()
+        self._deadline = trio.current_time() + timeout
+        self._main_scope.cancel()
+
+    async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if self._shutdown_started:
+                _hard_exit(128 + signum, f"second {name}: exiting immediately")
+            self.request_shutdown(name)
+
+    def _prepare_state_dir(self) -> None:
+        path = self.config.agent.state_dir
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise FatalError(
+                f"cannot create agent.state_dir {path}: {exc.strerror or exc}"
+            ) from exc
+
+    async def _serve(self) -> None:
+        async with _open_bridge() as bridge:
+            plugin_components = _plugin_components(self.config, bridge)
+            if plugin_components:
+                component = plugin_components[0]
+                assert isinstance(component, PluginsComponent)
+                self.plugins_component = component
+            else:
+                log.warning("plugin manager not available in this build")
+            agent = self.config.agent
+            self.supervisor = Supervisor(
+                [*plugin_components, self.cluster, *self.extra_components],
+                backoff_initial=agent.restart_backoff_initial,
+                backoff_max=agent.restart_backoff_max,
+                reset_after=agent.restart_backoff_reset_after,
+            )
+            async with trio.open_nursery() as root:
+                await root.start(self.heartbeat.run)
+                if self.config.ops.enabled:
+                    await root.start(self.ops.run)
+                await root.start(self.supervisor.run)
+                self.started_at = trio.current_time()
+                BUILD_INFO.info(
+                    {
+                        "version": __version__,
+                        "python": sys.version.split()[0],
+                        "mode": self.cluster.mode,
+                    }
+                )
+                summary = self._summary()
+                self.notifier.ready(summary)
+                log.info(
+                    "started",
+                    node=agent.node_name,
+                    mode=self.cluster.mode,
+                    ops=self.ops.address or "disabled",
+                    status=summary,
+                )
+                root.start_soon(self._status_loop, summary)
+
+    async def _status_loop(self, last: str) -> None:
+        while True:
+            await trio.sleep(self.config.agent.heartbeat_interval)
+            summary = self._summary()
+            if summary != last:
+                self.notifier.status(summary)
+                log.info("status changed", status=summary)
+                last = summary
+
+    def _summary(self) -> str:
+        reports = self.readiness()
+        waiting = [f"{r.name} ({r.reason})" for r in reports if not r.ready]
+        ops = f"; ops on {self.ops.address}" if self.ops.address else ""
+        mode = self.cluster.mode
+        if waiting:
+            return f"{mode}; not ready: " + ", ".join(waiting) + ops
+        return f"{mode}; ready ({len(reports)} components){ops}"
+
+    async def _run_shutdown_hooks(self) -> None:
+        if not self.shutdown_hooks:
+            return
+        deadline = getattr(self, "_deadline", trio.current_time() + 1.0)
+        with trio.move_on_at(deadline) as scope:
+            for hook in self.shutdown_hooks:
+                try:
+                    await hook()
+                except Exception as exc:
+                    log.exception("shutdown hook failed", hook=repr(hook), error=str(exc))
+        if scope.cancelled_caught:
+            log.error("shutdown hooks cut short by the deadline")
+
+    # -- AgentView (what the ops endpoint shows) ---------------------------------------------
+
+    def liveness(self) -> tuple[bool, float | None]:
+        return self.heartbeat.liveness()
+
+    def readiness(self) -> list[ComponentReport]:
+        return self.supervisor.report() if self.supervisor is not None else []
+
+    def plugins(self) -> list[dict[str, Any]]:
+        if self.plugins_component is None:
+            return []
+        return self.plugins_component.manager.status()
+
+    def effective_config(self) -> dict[str, Any]:
+        return to_builtins(self.config)
+
+    def status(self) -> dict[str, Any]:
+        reports = self.readiness()
+        uptime = trio.current_time() - self.started_at if self.started_at is not None else 0.0
+        return {
+            "version": __version__,
+            "node": self.config.agent.node_name,
+            "mode": self.cluster.mode,
+            "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started_wall)),
+            "uptime_seconds": round(uptime, 3),
+            "ready": all(r.ready for r in reports),
+            "ops_address": self.ops.address,
+            "state_dir": self.config.agent.state_dir,
+            "registry_dir": self.config.plugins.registry_dir,
+            "components": [r.to_json() for r in reports],
+            "plugins": len(self.plugins()),
+        }

@@ -1,0 +1,116 @@
+"""Settings of the process itself: the `[agent]` and `[ops]` sections of the config file."""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from typing import Literal
+
+import msgspec
+
+from nodeagent.config.errors import ConfigError
+
+LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]
+
+# Node names are DNS-1123 subdomains, the same rule the kubelet applies to --hostname-override.
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+
+
+def _positive(field: str, value: float, *, maximum: float | None = None) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise ConfigError(field, value, "must be a finite number > 0")
+    if maximum is not None and value > maximum:
+        raise ConfigError(field, value, f"must be <= {maximum:g}")
+
+
+class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[agent]`: identity, paths, logging and the supervision policy."""
+
+    # "" = resolved at load time from $NODE_NAME, else the lowercased hostname.
+    node_name: str = ""
+    # "" = /var/lib/nodeagent as root, else $XDG_STATE_HOME/nodeagent or ~/.local/state/nodeagent.
+    state_dir: str = ""
+    log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
+    shutdown_timeout: float = 10.0
+    heartbeat_interval: float = 1.0
+    healthz_stale_after: float = 10.0
+    restart_backoff_initial: float = 0.5
+    restart_backoff_max: float = 60.0
+    # A component that ran this long before failing starts its backoff again from the beginning.
+    restart_backoff_reset_after: float = 120.0
+
+    def validate(self) -> None:
+        if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.match(self.node_name):
+            raise ConfigError(
+                "agent.node_name",
+                self.node_name,
+                "must be a DNS-1123 subdomain (lowercase alphanumerics, '-', '.'; <= 253 chars)",
+            )
+        if not self.state_dir.startswith("/"):
+            raise ConfigError("agent.state_dir", self.state_dir, "must be an absolute path")
+        _positive("agent.shutdown_timeout", self.shutdown_timeout, maximum=600)
+        _positive("agent.heartbeat_interval", self.heartbeat_interval, maximum=60)
+        _positive("agent.healthz_stale_after", self.healthz_stale_after)
+        if self.healthz_stale_after <= self.heartbeat_interval:
+            raise ConfigError(
+                "agent.healthz_stale_after",
+                self.healthz_stale_after,
+                f"must be greater than agent.heartbeat_interval ({self.heartbeat_interval:g})",
+            )
+        _positive("agent.restart_backoff_initial", self.restart_backoff_initial)
+        _positive("agent.restart_backoff_max", self.restart_backoff_max)
+        if self.restart_backoff_max < self.restart_backoff_initial:
+            raise ConfigError(
+                "agent.restart_backoff_max",
+                self.restart_backoff_max,
+                f"must be >= agent.restart_backoff_initial ({self.restart_backoff_initial:g})",
+            )
+        _positive("agent.restart_backoff_reset_after", self.restart_backoff_reset_after)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """Split ``host:port`` / ``[v6]:port`` into a literal IP and a port (ValueError if not)."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError("must be HOST:PORT with a literal IP address (e.g. 127.0.0.1:9464)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(
+            "must be HOST:PORT with a literal IP address (e.g. 127.0.0.1:9464)"
+        ) from None
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError("port must be in 0..65535")
+    return host, port
+
+
+class OpsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`[ops]`: the local HTTP endpoint (/healthz, /readyz, /metrics, /v1/...)."""
+
+    enabled: bool = True
+    # Loopback by default: the endpoint has no authentication. Port 0 picks a free port (tests).
+    address: str = "127.0.0.1:9464"
+    request_timeout: float = 5.0
+    max_header_bytes: int = 8192
+    max_connections: int = 64
+
+    def validate(self) -> None:
+        try:
+            parse_address(self.address)
+        except ValueError as exc:
+            raise ConfigError("ops.address", self.address, str(exc)) from None
+        _positive("ops.request_timeout", self.request_timeout, maximum=300)
+        if not 1024 <= self.max_header_bytes <= 1024 * 1024:
+            raise ConfigError(
+                "ops.max_header_bytes", self.max_header_bytes, "must be in 1024..1048576"
+            )
+        if not 1 <= self.max_connections <= 10000:
+            raise ConfigError("ops.max_connections", self.max_connections, "must be in 1..10000")

@@ -1,0 +1,122 @@
+"""`nodeagent status`: the ops endpoint's /v1 views as a readable table."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_READY = 0
+EXIT_NOT_READY = 1
+EXIT_UNREACHABLE = 3
+
+
+class Unreachable(Exception):
+    pass
+
+
+def fetch(address: str, path: str, timeout: float = 5.0) -> Any:
+    url = f"http://{address}{path}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        raise Unreachable(f"{url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise Unreachable(f"{url}: {reason}") from None
+
+
+def _cell(value: Any) -> str:
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return " ".join(str(value).split())
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 60) -> str:
+    cells = [[_cell(v)[:max_width] for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    parts = [f"{days}d"] if days else []
+    if hours or days:
+        parts.append(f"{hours}h")
+    if minutes or hours or days:
+        parts.append(f"{minutes}m")
+    parts.append(f"{s}s")
+    return "".join(parts)
+
+
+def _first(doc: dict[str, Any], *keys: str) -> Any:
+    for key in keys:
+        if doc.get(key) not in (None, ""):
+            return doc[key]
+    return None
+
+
+def _when(value: Any) -> Any:
+    # Plugins report times as epoch seconds or as ISO strings; show both the same way.
+    if isinstance(value, int | float) and value > 0:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(value))
+    return value
+
+
+def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
+    ready = "READY" if status.get("ready") else "NOT READY"
+    out = [
+        f"nodeagent {status.get('version')} on node {status.get('node')} "
+        f"({status.get('mode')}), pid {status.get('pid')}, "
+        f"up {_duration(float(status.get('uptime_seconds') or 0))}: {ready}",
+        "",
+        table(
+            ["COMPONENT", "READY", "PHASE", "RESTARTS", "REASON"],
+            [
+                [c.get("name"), c.get("ready"), c.get("phase"), c.get("restarts"), c.get("reason")]
+                for c in status.get("components", [])
+            ],
+            max_width=100,
+        ),
+        "",
+    ]
+    if not plugins:
+        out.append(f"no plugins (registry: {status.get('registry_dir')})")
+    else:
+        out.append(
+            table(
+                ["PLUGIN", "TYPE", "STATE", "STREAM", "MESSAGES", "LAST UPDATE", "LAST ERROR"],
+                [
+                    [
+                        p.get("name"),
+                        p.get("type"),
+                        p.get("state"),
+                        _first(p, "stream_state", "stream"),
+                        _first(p, "messages_received", "messages"),
+                        _when(_first(p, "last_message_time", "last_message_at", "last_update")),
+                        p.get("last_error"),
+                    ]
+                    for p in plugins
+                ],
+            )
+        )
+    return "\n".join(out) + "\n"
+
+
+def exit_code(status: dict[str, Any]) -> int:
+    return EXIT_READY if status.get("ready") else EXIT_NOT_READY
