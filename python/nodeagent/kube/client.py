@@ -1,0 +1,971 @@
+"""The Kubernetes API client: httpx on Trio, msgspec models, typed errors, rate limiting,
+retries, rotating credentials and a write-observer hook. Watches live in `watch`."""
+
+from __future__ import annotations
+
+import builtins
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Self, TypeVar, cast, overload
+
+import httpx
+import msgspec
+import trio
+
+from nodeagent.kube import errors
+from nodeagent.kube.auth import TlsSource, TokenSource, token_source
+from nodeagent.kube.backoff import Backoff
+from nodeagent.kube.kubeconfig import ClusterConfig
+from nodeagent.kube.metrics import (
+    API_LATENCY,
+    API_REQUESTS,
+    API_RETRIES,
+    RATE_LIMIT_WAIT,
+    WRITE_OBSERVER_ERRORS,
+)
+from nodeagent.kube.models import ListHead, ObjectMeta
+from nodeagent.kube.ratelimit import TokenBucket
+from nodeagent.kube.resource import Resource
+from nodeagent.log import get_logger
+
+if TYPE_CHECKING:
+    from nodeagent.kube.informer import Informer
+    from nodeagent.kube.watch import WatchSink
+
+log = get_logger(__name__)
+
+T = TypeVar("T")
+Body = bytes | Mapping[str, Any] | msgspec.Struct
+PatchType = Literal["merge", "strategic", "json", "apply"]
+Verb = Literal["create", "update", "patch", "delete"]
+
+_PATCH_CONTENT_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+    "json": "application/json-patch+json",
+    "apply": "application/apply-patch+yaml",
+}
+_JSON = "application/json"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteEvent:
+    """A successful write made through the client; ``obj`` is the server's answer (None for a
+    delete that removed the object)."""
+
+    resource: Resource
+    verb: Verb
+    namespace: str | None
+    name: str
+    obj: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class ListPage:
+    body: bytes
+    resource_version: str
+    continue_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class ListResult(Generic[T]):
+    items: list[T]
+    resource_version: str
+
+
+class _Head(msgspec.Struct):
+    kind: str = ""
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+
+
+class _DeletedMeta(msgspec.Struct):
+    finalizers: list[str] = msgspec.field(default_factory=list)
+    deletion_grace_period_seconds: int = msgspec.field(default=0, name="deletionGracePeriodSeconds")
+
+
+class _DeletedHead(msgspec.Struct):
+    kind: str = ""
+    metadata: _DeletedMeta = msgspec.field(default_factory=_DeletedMeta)
+
+
+class _RawList(msgspec.Struct):
+    items: list[msgspec.Raw] | None = None
+
+
+class _APIResource(msgspec.Struct, kw_only=True):
+    name: str
+    kind: str
+    namespaced: bool
+
+
+class _APIResourceList(msgspec.Struct, kw_only=True):
+    resources: list[_APIResource] = msgspec.field(default_factory=list)
+
+
+_head_decoder = msgspec.json.Decoder(_Head)
+_list_head_decoder = msgspec.json.Decoder(ListHead)
+_encoder = msgspec.json.Encoder()
+
+
+_decoders: dict[Any, Any] = {}
+
+
+def _decoder(tp: type[T]) -> msgspec.json.Decoder[T]:
+    dec = _decoders.get(tp)
+    if dec is None:
+        dec = _decoders[tp] = msgspec.json.Decoder(tp)
+    return cast("msgspec.json.Decoder[T]", dec)
+
+
+def _decode(data: bytes | memoryview, tp: type[T] | None) -> Any:
+    return bytes(data) if tp is None else _decoder(tp).decode(data)
+
+
+def encode_body(obj: Body) -> bytes:
+    return obj if isinstance(obj, bytes) else _encoder.encode(obj)
+
+
+class _Http:
+    """One httpx client (one TLS identity) and the requests still using it."""
+
+    def __init__(self, client: httpx.AsyncClient, fingerprint: tuple[object, ...] | None) -> None:
+        self.client = client
+        self.fingerprint = fingerprint
+        self.users = 0
+        self.retired = False
+
+
+def _selector_params(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    params: dict[str, str] = {}
+    if label_selector:
+        params["labelSelector"] = label_selector
+    if field_selector:
+        params["fieldSelector"] = field_selector
+    return params
+
+
+class KubeClient:
+    """An async Kubernetes API client; use as ``async with KubeClient(config) as client``.
+
+    Reads return raw JSON bytes, or a decoded struct when ``into=`` names a type. Writes take
+    bytes, a dict or a struct the caller built (never a decoded view: it lacks the fields the
+    view does not declare).
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        *,
+        qps: float = 20.0,
+        burst: int = 40,
+        request_timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        watch_inactivity_timeout: float = 70.0,
+        watch_timeout: tuple[float, float] = (240.0, 300.0),
+        watch_backoff: tuple[float, float] = (0.5, 30.0),
+        max_attempts: int = 5,
+        retry_backoff: tuple[float, float] = (0.2, 5.0),
+        max_retry_after: float = 60.0,
+        page_size: int = 500,
+        token_reread_interval: float = 60.0,
+        exec_skew: float = 300.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.request_timeout = request_timeout
+        self.connect_timeout = connect_timeout
+        self.watch_inactivity_timeout = watch_inactivity_timeout
+        self.watch_timeout = watch_timeout
+        self.watch_backoff = watch_backoff
+        self.max_attempts = max(1, max_attempts)
+        self.retry_backoff = retry_backoff
+        self.max_retry_after = max_retry_after
+        self.page_size = page_size
+        self.rng = rng or random.Random()
+        self.limiter = TokenBucket(qps, burst)
+        self.tokens: TokenSource | None = token_source(
+            config, reread_interval=token_reread_interval, exec_skew=exec_skew
+        )
+        self._tls = TlsSource(config) if config.server.startswith("https://") else None
+        self._extensions: dict[str, Any] = (
+            {"sni_hostname": config.tls_server_name} if config.tls_server_name else {}
+        )
+        self._http: _Http | None = None
+        self._retired: set[_Http] = set()
+        self._observers: builtins.list[Callable[[WriteEvent], None]] = []
+        self._discovery: dict[str, dict[str, Resource]] = {}
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        self._http = self._new_http()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            for http in [*self._retired, *([self._http] if self._http else [])]:
+                await http.client.aclose()
+        self._retired.clear()
+        self._http = None
+
+    def _new_http(self) -> _Http:
+        fingerprint = None
+        verify: Any = True
+        if self._tls is not None:
+            fingerprint = self._tls.fingerprint()
+            verify = self._tls.build()
+        client = httpx.AsyncClient(
+            base_url=self.config.server,
+            verify=verify,
+            timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
+            headers={"Accept": _JSON, "User-Agent": "nodeagent"},
+            trust_env=False,
+        )
+        return _Http(client, fingerprint)
+
+    def _current_http(self) -> _Http:
+        if self._http is None or self._closed:
+            raise RuntimeError("KubeClient used outside `async with`")
+        if self._tls is not None:
+            fingerprint = self._tls.fingerprint()
+            if fingerprint is not None and fingerprint != self._http.fingerprint:
+                try:
+                    fresh = self._new_http()
+                except (OSError, ValueError) as exc:
+                    # A cert rewritten before its key: keep the old identity, retry next request.
+                    log.warning("client certificate reload failed", error=str(exc))
+                else:
+                    from nodeagent.kube.metrics import AUTH_REFRESHES
+
+                    AUTH_REFRESHES.labels("client_cert").inc()
+                    log.info("client certificate files changed: new TLS identity")
+                    old, self._http = self._http, fresh
+                    old.retired = True
+                    self._retired.add(old)
+        return self._http
+
+    async def _release(self, http: _Http) -> None:
+        http.users -= 1
+        if http.retired and http.users == 0 and http in self._retired:
+            self._retired.discard(http)
+            with trio.CancelScope(shield=True):
+                await http.client.aclose()
+
+    # -- write observers ------------------------------------------------------------------
+
+    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
+        """Call ``fn`` after every successful write made through this client."""
+        self._observers.append(fn)
+
+    def _notify(
+        self, resource: Resource, verb: Verb, namespace: str | None, name: str, obj: bytes | None
+    ) -> None:
+        event = WriteEvent(resource, verb, namespace, name, obj)
+        for fn in self._observers:
+            try:
+                fn(event)
+            except Exception as exc:
+                WRITE_OBSERVER_ERRORS.inc()
+                log.exception("write observer failed", observer=repr(fn), error=str(exc))
+
+    # -- transport ------------------------------------------------------------------------
+
+    async def _headers(self) -> dict[str, str]:
+        if self.tokens is None:
+            return {}
+        return {"Authorization": f"Bearer {await self.tokens.token()}"}
+
+    async def _attempt(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: bytes | None,
+        content_type: str | None,
+        verb: str,
+        resource: str,
+    ) -> tuple[int, httpx.Headers, bytes]:
+        RATE_LIMIT_WAIT.observe(await self.limiter.acquire())
+        headers = await self._headers()
+        if content_type:
+            headers["Content-Type"] = content_type
+        http = self._current_http()
+        http.users += 1
+        start = time.perf_counter()
+        try:
+            with trio.fail_after(self.request_timeout):
+                resp = await http.client.request(
+                    method,
+                    path,
+                    params=params,
+                    content=body,
+                    headers=headers,
+                    extensions=self._extensions,
+                )
+        except trio.TooSlowError:
+            API_REQUESTS.labels(verb, resource, "error").inc()
+            raise errors.TransportError(
+                f"{method} {path}: no answer within {self.request_timeout}s", sent=True
+            ) from None
+        except httpx.TransportError as exc:
+            API_REQUESTS.labels(verb, resource, "error").inc()
+            raise _transport_error(method, path, exc) from exc
+        finally:
+            await self._release(http)
+        API_LATENCY.labels(verb, resource).observe(time.perf_counter() - start)
+        API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
+        return resp.status_code, resp.headers, resp.content
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        verb: str = "",
+        resource: str = "",
+        idempotent: bool = True,
+    ) -> bytes:
+        """One API call with rate limiting, auth refresh on 401 and bounded retries.
+
+        A non-idempotent call is retried only when it provably never reached the server (a
+        connect failure) or on 429; an idempotent one also on other transport errors, 500,
+        503, 504 and server timeouts.
+        """
+        verb = verb or method.lower()
+        backoff = Backoff(*self.retry_backoff, rng=self.rng)
+        reauthenticated = False
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                code, headers, data = await self._attempt(
+                    method, path, params, body, content_type, verb, resource
+                )
+            except errors.TransportError as exc:
+                if (exc.sent and not idempotent) or attempt >= self.max_attempts:
+                    raise
+                delay = backoff.next()
+                API_RETRIES.labels(verb, resource, "transport").inc()
+                log.debug("retrying", verb=verb, path=path, error=exc.message, delay=delay)
+                await trio.sleep(delay)
+                continue
+            if code < 400:
+                return data
+            err = errors.error_from_response(code, data, headers)
+            if isinstance(err, errors.Unauthorized) and self.tokens and not reauthenticated:
+                # A rotated token or an expired exec credential: fetch a fresh one, once.
+                reauthenticated = True
+                self.tokens.invalidate()
+                attempt -= 1
+                continue
+            if attempt >= self.max_attempts or not _retryable(err, idempotent):
+                raise err
+            if err.retry_after is not None:
+                delay = min(err.retry_after, self.max_retry_after)
+            else:
+                delay = backoff.next()
+            API_RETRIES.labels(verb, resource, str(code)).inc()
+            log.debug("retrying", verb=verb, path=path, code=code, delay=delay)
+            await trio.sleep(delay)
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        read_timeout: float,
+        verb: str = "watch",
+        resource: str = "",
+    ) -> AsyncIterator[httpx.Response]:
+        """A streaming GET (one attempt; the watch loop owns retries). ``read_timeout`` bounds
+        the wait for each chunk, so a silently dead stream raises `TransportError`."""
+        reauthenticated = False
+        while True:
+            RATE_LIMIT_WAIT.observe(await self.limiter.acquire())
+            headers = await self._headers()
+            http = self._current_http()
+            http.users += 1
+            try:
+                request = http.client.build_request(
+                    "GET",
+                    path,
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(
+                        self.request_timeout, connect=self.connect_timeout, read=read_timeout
+                    ),
+                    extensions=self._extensions,
+                )
+                start = time.perf_counter()
+                try:
+                    resp = await http.client.send(request, stream=True)
+                except httpx.TransportError as exc:
+                    API_REQUESTS.labels(verb, resource, "error").inc()
+                    raise _transport_error("GET", path, exc) from exc
+                API_LATENCY.labels(verb, resource).observe(time.perf_counter() - start)
+                API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
+                try:
+                    if resp.status_code >= 400:
+                        try:
+                            data = await resp.aread()
+                        except httpx.TransportError as exc:
+                            raise _transport_error("GET", path, exc) from exc
+                        err = errors.error_from_response(resp.status_code, data, resp.headers)
+                        if (
+                            isinstance(err, errors.Unauthorized)
+                            and self.tokens
+                            and not reauthenticated
+                        ):
+                            reauthenticated = True
+                            self.tokens.invalidate()
+                            continue
+                        raise err
+                    yield resp
+                    return
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await resp.aclose()
+            finally:
+                await self._release(http)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    @overload
+    async def get(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> bytes: ...
+
+    @overload
+    async def get(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        into: type[T],
+        subresource: str | None = None,
+    ) -> T: ...
+
+    async def get(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        into: type[Any] | None = None,
+        subresource: str | None = None,
+    ) -> Any:
+        """The object's JSON bytes, or the object decoded into ``into``."""
+        data = await self.request(
+            "GET", resource.path(namespace, name, subresource), verb="get", resource=resource.plural
+        )
+        return _decode(data, into)
+
+    async def list_pages(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[ListPage]:
+        """The raw List bodies of a paged list (``limit``/``continue``), one per page."""
+        params = _selector_params(label_selector, field_selector)
+        params["limit"] = str(page_size or self.page_size)
+        path = resource.path(namespace)
+        while True:
+            data = await self.request(
+                "GET", path, params=params, verb="list", resource=resource.plural
+            )
+            try:
+                meta = _list_head_decoder.decode(data).metadata
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise errors.ApiError(200, "BadResponse", f"list {path}: {exc}") from None
+            yield ListPage(data, meta.resource_version, meta.continue_)
+            if not meta.continue_:
+                return
+            params["continue"] = meta.continue_
+
+    @overload
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = None,
+    ) -> ListResult[bytes]: ...
+
+    @overload
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        into: type[T],
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = None,
+    ) -> ListResult[T]: ...
+
+    async def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        into: type[Any] | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        page_size: int | None = None,
+    ) -> ListResult[Any]:
+        """Every item across all pages (raw bytes each, or decoded into ``into``).
+
+        If a continue token expires mid-way (410), the list starts over once, like client-go's
+        pager.
+        """
+        items_type: Any = _RawList if into is None else _typed_list(into)
+        decoder = _decoder(items_type)
+        for restart in (False, True):
+            items: builtins.list[Any] = []
+            rv = ""
+            try:
+                async for page in self.list_pages(
+                    resource,
+                    namespace,
+                    label_selector=label_selector,
+                    field_selector=field_selector,
+                    page_size=page_size,
+                ):
+                    decoded = decoder.decode(page.body)
+                    got = decoded.items or []
+                    items.extend([bytes(i) for i in got] if into is None else got)
+                    rv = page.resource_version
+            except errors.Gone:
+                if restart:
+                    raise
+                continue
+            return ListResult(items, rv)
+        raise AssertionError("unreachable")
+
+    async def discover(self, api_version: str, kind: str) -> Resource:
+        """The resource serving ``kind`` in ``api_version``, found through discovery (cached;
+        an unknown kind refreshes the cache once, e.g. for a CRD just established)."""
+        kinds = self._discovery.get(api_version)
+        if kinds is None or kind not in kinds:
+            kinds = await self._discover_group_version(api_version)
+            self._discovery[api_version] = kinds
+        if kind not in kinds:
+            raise errors.NotFound(404, "NotFound", f"kind {kind} is not served by {api_version}")
+        return kinds[kind]
+
+    async def _discover_group_version(self, api_version: str) -> dict[str, Resource]:
+        group, _, version = api_version.rpartition("/")
+        path = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        data = await self.request("GET", path, verb="discover", resource="")
+        found: dict[str, Resource] = {}
+        for r in msgspec.json.decode(data, type=_APIResourceList).resources:
+            if "/" in r.name:  # a subresource such as nodes/status
+                continue
+            found.setdefault(
+                r.kind,
+                Resource(
+                    group=group,
+                    version=version,
+                    plural=r.name,
+                    kind=r.kind,
+                    namespaced=r.namespaced,
+                ),
+            )
+        return found
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def _written(self, resource: Resource, verb: Verb, namespace: str | None, data: bytes) -> None:
+        if self._observers:
+            meta = _head_decoder.decode(data).metadata
+            self._notify(resource, verb, meta.namespace or namespace, meta.name, data)
+
+    @overload
+    async def create(
+        self, resource: Resource, obj: Body, namespace: str | None = None
+    ) -> bytes: ...
+
+    @overload
+    async def create(
+        self, resource: Resource, obj: Body, namespace: str | None = None, *, into: type[T]
+    ) -> T: ...
+
+    async def create(
+        self,
+        resource: Resource,
+        obj: Body,
+        namespace: str | None = None,
+        *,
+        into: type[Any] | None = None,
+    ) -> Any:
+        """POST a new object (``metadata.generateName`` works: the answer carries the name)."""
+        data = await self.request(
+            "POST",
+            resource.path(namespace),
+            body=encode_body(obj),
+            content_type=_JSON,
+            verb="create",
+            resource=resource.plural,
+            idempotent=False,
+        )
+        self._written(resource, "create", namespace, data)
+        return _decode(data, into)
+
+    @overload
+    async def update(
+        self,
+        resource: Resource,
+        obj: Body,
+        namespace: str | None = None,
+        *,
+        subresource: str | None = None,
+    ) -> bytes: ...
+
+    @overload
+    async def update(
+        self,
+        resource: Resource,
+        obj: Body,
+        namespace: str | None = None,
+        *,
+        into: type[T],
+        subresource: str | None = None,
+    ) -> T: ...
+
+    async def update(
+        self,
+        resource: Resource,
+        obj: Body,
+        namespace: str | None = None,
+        *,
+        into: type[Any] | None = None,
+        subresource: str | None = None,
+    ) -> Any:
+        """PUT a whole object the caller owns. Its ``metadata.resourceVersion`` is required and
+        is the precondition: a concurrent change gives `Conflict`."""
+        body = encode_body(obj)
+        meta = _head_decoder.decode(body).metadata
+        if not meta.name:
+            raise ValueError(f"update {resource.plural}: metadata.name is required")
+        if not meta.resource_version:
+            raise ValueError(
+                f"update {resource.plural}/{meta.name}: metadata.resourceVersion is required "
+                "(optimistic concurrency); use patch or apply for unconditional writes"
+            )
+        data = await self.request(
+            "PUT",
+            resource.path(namespace, meta.name, subresource),
+            body=body,
+            content_type=_JSON,
+            verb="update",
+            resource=resource.plural,
+        )
+        self._written(resource, "update", namespace, data)
+        return _decode(data, into)
+
+    @overload
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Body | builtins.list[Any],
+        namespace: str | None = None,
+        *,
+        type: PatchType = "merge",
+        field_manager: str | None = None,
+        force: bool = False,
+        subresource: str | None = None,
+    ) -> bytes: ...
+
+    @overload
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Body | builtins.list[Any],
+        namespace: str | None = None,
+        *,
+        into: type[T],
+        type: PatchType = "merge",
+        field_manager: str | None = None,
+        force: bool = False,
+        subresource: str | None = None,
+    ) -> T: ...
+
+    async def patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Body | builtins.list[Any],
+        namespace: str | None = None,
+        *,
+        into: type[Any] | None = None,
+        type: PatchType = "merge",
+        field_manager: str | None = None,
+        force: bool = False,
+        subresource: str | None = None,
+    ) -> Any:
+        """PATCH with a merge, strategic-merge or JSON patch, or server-side apply (``type=
+        "apply"`` needs ``field_manager``; ``force`` takes over conflicting fields)."""
+        return await self._patch(
+            resource, name, patch, namespace, into, type, field_manager, force, subresource
+        )
+
+    async def _patch(
+        self,
+        resource: Resource,
+        name: str,
+        patch: Body | builtins.list[Any],
+        namespace: str | None,
+        into: type[Any] | None,
+        type: PatchType,
+        field_manager: str | None,
+        force: bool,
+        subresource: str | None,
+    ) -> Any:
+        if type not in _PATCH_CONTENT_TYPES:
+            raise ValueError(
+                f"patch type {type!r}: must be one of {', '.join(_PATCH_CONTENT_TYPES)}"
+            )
+        params: dict[str, str] = {}
+        if field_manager:
+            params["fieldManager"] = field_manager
+        if type == "apply":
+            if not field_manager:
+                raise ValueError("server-side apply needs a field_manager")
+            if force:
+                params["force"] = "true"
+        elif force:
+            raise ValueError("force applies only to server-side apply")
+        body = patch if isinstance(patch, bytes) else _encoder.encode(patch)
+        data = await self.request(
+            "PATCH",
+            resource.path(namespace, name, subresource),
+            params=params,
+            body=body,
+            content_type=_PATCH_CONTENT_TYPES[type],
+            verb="patch",
+            resource=resource.plural,
+            # A JSON patch may add to a list: repeating it after a lost answer is not safe.
+            idempotent=type != "json",
+        )
+        self._written(resource, "patch", namespace, data)
+        return _decode(data, into)
+
+    async def apply(
+        self,
+        resource: Resource,
+        obj: Body,
+        namespace: str | None = None,
+        *,
+        field_manager: str,
+        force: bool = False,
+        subresource: str | None = None,
+        into: type[Any] | None = None,
+    ) -> Any:
+        """Server-side apply of ``obj`` (it must carry apiVersion, kind and metadata.name)."""
+        body = encode_body(obj)
+        name = _head_decoder.decode(body).metadata.name
+        if not name:
+            raise ValueError(f"apply {resource.plural}: metadata.name is required")
+        return await self._patch(
+            resource, name, body, namespace, into, "apply", field_manager, force, subresource
+        )
+
+    async def delete(
+        self,
+        resource: Resource,
+        name: str,
+        namespace: str | None = None,
+        *,
+        uid: str | None = None,
+        resource_version: str | None = None,
+        propagation_policy: Literal["Orphan", "Background", "Foreground"] | None = None,
+        grace_period_seconds: int | None = None,
+    ) -> bytes | None:
+        """Delete an object, optionally only if its UID / resourceVersion still match (else
+        `Conflict`). Returns None if it is gone, or its JSON if it still exists (finalizers)."""
+        data = await self.request(
+            "DELETE",
+            resource.path(namespace, name),
+            body=_delete_options(uid, resource_version, propagation_policy, grace_period_seconds),
+            content_type=_JSON,
+            verb="delete",
+            resource=resource.plural,
+        )
+        remaining = data if _still_exists(data) else None
+        if self._observers:
+            if remaining is None:
+                self._notify(resource, "delete", namespace, name, None)
+            else:
+                self._written(resource, "update", namespace, remaining)
+        return remaining
+
+    async def delete_collection(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        propagation_policy: Literal["Orphan", "Background", "Foreground"] | None = None,
+    ) -> None:
+        """Delete every object matching the selectors (all of them without selectors)."""
+        data = await self.request(
+            "DELETE",
+            resource.path(namespace),
+            params=_selector_params(label_selector, field_selector),
+            body=_delete_options(None, None, propagation_policy, None),
+            content_type=_JSON,
+            verb="deletecollection",
+            resource=resource.plural,
+        )
+        if not self._observers:
+            return
+        for raw in msgspec.json.decode(data, type=_RawList).items or []:
+            item = bytes(raw)
+            if _still_exists(item):
+                self._written(resource, "update", namespace, item)
+            else:
+                meta = _head_decoder.decode(item).metadata
+                self._notify(resource, "delete", meta.namespace or namespace, meta.name, None)
+
+    # -- watches --------------------------------------------------------------------------
+
+    async def run_watch(
+        self,
+        resource: Resource,
+        sink: WatchSink,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        on_synced: Callable[[], None] | None = None,
+    ) -> NoReturn:
+        """List then watch ``resource`` forever, feeding raw bytes to ``sink``; see
+        `nodeagent.kube.watch.run_watch`."""
+        from nodeagent.kube.watch import run_watch
+
+        await run_watch(
+            self,
+            resource,
+            sink,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            on_synced=on_synced,
+        )
+
+    def informer(
+        self,
+        resource: Resource,
+        *,
+        into: type[T],
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        buffer: int = 1024,
+    ) -> Informer[T]:
+        """Decoded watch events: ``async with client.informer(RES, into=T) as events``."""
+        from nodeagent.kube.informer import Informer
+
+        return Informer(
+            self,
+            resource,
+            into=into,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            buffer=buffer,
+        )
+
+
+_typed_lists: dict[Any, type[Any]] = {}
+
+
+def _typed_list(tp: type[Any]) -> type[Any]:
+    """A ``{items: [tp]}`` struct to decode a List page in one pass."""
+    found = _typed_lists.get(tp)
+    if found is None:
+        items_type = cast(Any, builtins.list)[tp] | None
+        name = f"{getattr(tp, '__name__', 'Item')}List"
+        found = _typed_lists[tp] = msgspec.defstruct(name, [("items", items_type, None)])
+    return found
+
+
+def _retryable(err: errors.ApiError, idempotent: bool) -> bool:
+    if isinstance(err, errors.TooManyRequests):
+        return True
+    if not idempotent:
+        return False
+    return isinstance(
+        err, errors.InternalError | errors.ServiceUnavailable | errors.ServerTimeout
+    ) or err.code in (502, 503, 504)
+
+
+def _transport_error(method: str, path: str, exc: httpx.TransportError) -> errors.TransportError:
+    # Connect-phase failures (DNS, refused, TLS handshake, pool) never reached the server.
+    sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
+    what = type(exc).__name__
+    return errors.TransportError(f"{method} {path}: {what}: {exc}", sent=sent)
+
+
+def _delete_options(
+    uid: str | None,
+    resource_version: str | None,
+    propagation_policy: str | None,
+    grace_period_seconds: int | None,
+) -> bytes:
+    opts: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+    pre = {}
+    if uid:
+        pre["uid"] = uid
+    if resource_version:
+        pre["resourceVersion"] = resource_version
+    if pre:
+        opts["preconditions"] = pre
+    if propagation_policy:
+        opts["propagationPolicy"] = propagation_policy
+    if grace_period_seconds is not None:
+        opts["gracePeriodSeconds"] = grace_period_seconds
+    return _encoder.encode(opts)
+
+
+def _still_exists(data: bytes) -> bool:
+    """Whether a DELETE answer is an object that still exists (finalizers or a grace period)
+    rather than a Status or the final state of a removed object."""
+    head = msgspec.json.decode(data, type=_DeletedHead)
+    if head.kind == "Status":
+        return False
+    return bool(head.metadata.finalizers) or head.metadata.deletion_grace_period_seconds > 0

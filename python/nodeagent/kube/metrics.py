@@ -1,0 +1,52 @@
+"""Prometheus metrics of the Kubernetes client."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+API_REQUESTS = Counter(
+    "nodeagent_api_requests_total",
+    "Kubernetes API requests by verb, resource and HTTP status code ('error' if no answer).",
+    ["verb", "resource", "code"],
+)
+API_LATENCY = Histogram(
+    "nodeagent_api_request_duration_seconds",
+    "Kubernetes API request latency (one attempt, until the response headers for watches).",
+    ["verb", "resource"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+RATE_LIMIT_WAIT = Histogram(
+    "nodeagent_api_rate_limiter_wait_seconds",
+    "Time requests waited for the client-side token bucket.",
+    buckets=(0.0, 0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+API_RETRIES = Counter(
+    "nodeagent_api_retries_total",
+    "Kubernetes API request attempts retried, by verb, resource and reason.",
+    ["verb", "resource", "reason"],
+)
+WATCH_RESTARTS = Counter(
+    "nodeagent_watch_restarts_total",
+    "Watch connections restarted, by resource and reason "
+    "(closed, timeout, inactivity, error, gone, http_error).",
+    ["resource", "reason"],
+)
+WATCH_EVENTS = Counter(
+    "nodeagent_watch_events_total",
+    "Watch events (bookmarks included) received, by resource.",
+    ["resource"],
+)
+WATCH_RELISTS = Counter(
+    "nodeagent_watch_relists_total",
+    "Full lists made by watches (the first one and every relist after 410), by resource.",
+    ["resource"],
+)
+WRITE_OBSERVER_ERRORS = Counter(
+    "nodeagent_api_write_observer_errors_total",
+    "Write observers that raised (the client logged and went on).",
+)
+AUTH_REFRESHES = Counter(
+    "nodeagent_api_credential_refreshes_total",
+    "Credentials reloaded, by source (token_file, exec, client_cert).",
+    ["source"],
+)

@@ -1,0 +1,90 @@
+"""Settings of the Kubernetes client and `load_client`, which picks the cluster connection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+
+from nodeagent.config.errors import ConfigError
+from nodeagent.kube.client import KubeClient
+from nodeagent.kube.kubeconfig import (
+    SERVICE_ACCOUNT_DIR,
+    in_cluster_available,
+    in_cluster_config,
+    load_kubeconfig,
+)
+
+
+class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``[kube]`` in the config file."""
+
+    # Path of a kubeconfig (YAML or JSON). None: in-cluster if in a pod, else standalone.
+    kubeconfig: str | None = None
+    # Context to use; None: the kubeconfig's current-context.
+    context: str | None = None
+    # "auto": use the pod's service account when no kubeconfig is given and we run in a pod.
+    in_cluster: Literal["auto", "never", "always"] = "auto"
+    # Client-side token bucket shared by every request, watch reconnect and list.
+    qps: float = 20.0
+    burst: int = 40
+    # Deadline of one unary request attempt, in seconds.
+    request_timeout: float = 30.0
+    # A watch that receives nothing (not even a bookmark) for this long is reconnected.
+    watch_inactivity_timeout: float = 70.0
+    # Attempts of a unary request (retries of retryable failures included).
+    max_attempts: int = 5
+
+    def validate(self) -> None:
+        if self.kubeconfig is not None and not self.kubeconfig:
+            raise ConfigError("kube.kubeconfig", self.kubeconfig, "must be a path or unset")
+        if self.context is not None and not self.context:
+            raise ConfigError("kube.context", self.context, "must be a name or unset")
+        if self.kubeconfig is not None and self.in_cluster == "always":
+            raise ConfigError(
+                "kube.in_cluster", self.in_cluster, "cannot be 'always' with a kubeconfig"
+            )
+        if not self.qps > 0:
+            raise ConfigError("kube.qps", self.qps, "must be > 0")
+        if self.burst < 1:
+            raise ConfigError("kube.burst", self.burst, "must be >= 1")
+        if not self.request_timeout > 0:
+            raise ConfigError("kube.request_timeout", self.request_timeout, "must be > 0")
+        # Bookmarks come about every 60 s: a shorter timeout would cut healthy idle watches.
+        if not self.watch_inactivity_timeout >= 5:
+            raise ConfigError(
+                "kube.watch_inactivity_timeout", self.watch_inactivity_timeout, "must be >= 5"
+            )
+        if self.max_attempts < 1:
+            raise ConfigError("kube.max_attempts", self.max_attempts, "must be >= 1")
+
+
+def load_client(
+    settings: KubeSettings,
+    *,
+    environ: dict[str, str] | None = None,
+    sa_dir: Path = SERVICE_ACCOUNT_DIR,
+) -> KubeClient | None:
+    """The client the settings describe, or None for standalone mode (no kubeconfig and not
+    in a pod). Raises `ConfigError` for a kubeconfig that cannot be used. The client is not
+    connected yet: enter it with ``async with``."""
+    settings.validate()
+    env = dict(os.environ) if environ is None else environ
+    if settings.kubeconfig is not None:
+        config = load_kubeconfig(settings.kubeconfig, settings.context)
+    elif settings.in_cluster != "never" and in_cluster_available(env):
+        config = in_cluster_config(env, sa_dir)
+    elif settings.in_cluster == "always":
+        raise ConfigError("kube.in_cluster", "always", "KUBERNETES_SERVICE_HOST/PORT are not set")
+    else:
+        return None
+    return KubeClient(
+        config,
+        qps=settings.qps,
+        burst=settings.burst,
+        request_timeout=settings.request_timeout,
+        watch_inactivity_timeout=settings.watch_inactivity_timeout,
+        max_attempts=settings.max_attempts,
+    )
