@@ -34,7 +34,7 @@ major="${kube_version#v}"; major="${major%%.*}"
 minor="${kube_version#v*.}"; minor="${minor%%.*}"
 
 hash="$(cat go.mod go.sum build.sh $(ls *.go | LC_ALL=C sort) | sha256sum | cut -c1-16)"
-root="${NODEAGENT_HARNESS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/nodeagent}"
+root="${NODEAGENT_HARNESS_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/nodeagent}"
 outdir="$root/apiserver-harness-$hash"
 bin="$outdir/harness"
 
