@@ -1,0 +1,409 @@
+//! A validating single-pass JSON scanner.
+//!
+//! The store needs, per watch event, a few metadata strings and the byte span of the object,
+//! while still rejecting malformed JSON. A general parser would build a tree or decode twice
+//! (once to find the object, once for its metadata); this scanner validates every byte once and
+//! lets the caller pick out the fields it wants on the way.
+
+use std::borrow::Cow;
+
+/// Deeper nesting than any Kubernetes object has; bounds recursion on hostile input.
+const MAX_DEPTH: usize = 256;
+
+pub type Result<T> = std::result::Result<T, String>;
+
+pub struct Scanner<'a> {
+    buf: &'a [u8],
+    pub pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Scanner { buf, pos: 0 }
+    }
+
+    fn err<T>(&self, what: &str) -> Result<T> {
+        Err(format!("invalid JSON at byte {}: {what}", self.pos))
+    }
+
+    #[inline]
+    pub fn ws(&mut self) {
+        while let Some(&c) = self.buf.get(self.pos) {
+            if c == b' ' || c == b'\n' || c == b'\r' || c == b'\t' {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    #[inline]
+    pub fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.buf.get(self.pos).copied()
+    }
+
+    pub fn expect(&mut self, c: u8) -> Result<()> {
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            self.err(&format!("expected '{}'", c as char))
+        }
+    }
+
+    /// After the value that must be the whole document: only whitespace may follow.
+    pub fn end(&mut self) -> Result<()> {
+        self.ws();
+        if self.pos == self.buf.len() {
+            Ok(())
+        } else {
+            self.err("trailing characters")
+        }
+    }
+
+    /// Scans a string starting at the opening quote; returns the raw contents (between the
+    /// quotes) and whether it contains escapes.
+    fn raw_string(&mut self) -> Result<(&'a [u8], bool)> {
+        if self.peek() != Some(b'"') {
+            return self.err("expected string");
+        }
+        self.pos += 1;
+        let start = self.pos;
+        let mut escaped = false;
+        let buf = self.buf;
+        let mut i = self.pos;
+        loop {
+            match memchr::memchr2(b'"', b'\\', &buf[i..]) {
+                None => {
+                    self.pos = buf.len();
+                    return self.err("unterminated string");
+                }
+                Some(off) => {
+                    let j = i + off;
+                    if buf[i..j].iter().any(|&c| c < 0x20) {
+                        self.pos = j;
+                        return self.err("control character in string");
+                    }
+                    if buf[j] == b'"' {
+                        self.pos = j + 1;
+                        return Ok((&buf[start..j], escaped));
+                    }
+                    escaped = true;
+                    i = j + 1;
+                    match buf.get(i) {
+                        Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => i += 1,
+                        Some(b'u') => {
+                            let hex = buf.get(i + 1..i + 5);
+                            if !hex.is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)) {
+                                self.pos = i;
+                                return self.err("bad \\u escape");
+                            }
+                            i += 5;
+                        }
+                        _ => {
+                            self.pos = i;
+                            return self.err("bad escape");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn skip_string(&mut self) -> Result<()> {
+        self.raw_string().map(|_| ())
+    }
+
+    /// A string value, decoded (borrowed when it has no escapes).
+    pub fn string(&mut self) -> Result<Cow<'a, str>> {
+        let at = self.pos;
+        let (raw, escaped) = self.raw_string()?;
+        if !escaped {
+            return std::str::from_utf8(raw)
+                .map(Cow::Borrowed)
+                .map_err(|_| format!("invalid UTF-8 in string at byte {at}"));
+        }
+        // Rare (Kubernetes names never need escapes): let a full decoder handle the escapes.
+        let quoted = &self.buf[at..self.pos];
+        decode_escaped(quoted)
+            .map(Cow::Owned)
+            .ok_or_else(|| format!("invalid string at byte {at}"))
+    }
+
+    fn number(&mut self) -> Result<()> {
+        let b = self.buf;
+        let mut i = self.pos;
+        if b.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        match b.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => {
+                while b.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+            }
+            _ => {
+                self.pos = i;
+                return self.err("bad number");
+            }
+        }
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            if !b.get(i).is_some_and(u8::is_ascii_digit) {
+                self.pos = i;
+                return self.err("bad fraction");
+            }
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            if matches!(b.get(i), Some(b'+' | b'-')) {
+                i += 1;
+            }
+            if !b.get(i).is_some_and(u8::is_ascii_digit) {
+                self.pos = i;
+                return self.err("bad exponent");
+            }
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        self.pos = i;
+        Ok(())
+    }
+
+    /// An integer value (for Status.code); other numbers are rejected.
+    pub fn integer(&mut self) -> Result<i64> {
+        self.ws();
+        let start = self.pos;
+        self.number()?;
+        std::str::from_utf8(&self.buf[start..self.pos])
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("expected integer at byte {start}"))
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<()> {
+        if self.buf[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(())
+        } else {
+            self.err("bad literal")
+        }
+    }
+
+    pub fn skip_value(&mut self) -> Result<()> {
+        self.skip_depth(0)
+    }
+
+    fn skip_depth(&mut self, depth: usize) -> Result<()> {
+        if depth > MAX_DEPTH {
+            return self.err("nesting too deep");
+        }
+        match self.peek() {
+            Some(b'"') => self.skip_string(),
+            Some(b'{') => {
+                self.pos += 1;
+                if self.peek() == Some(b'}') {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_string()?;
+                    self.expect(b':')?;
+                    self.skip_depth(depth + 1)?;
+                    match self.peek() {
+                        Some(b',') => self.pos += 1,
+                        Some(b'}') => {
+                            self.pos += 1;
+                            return Ok(());
+                        }
+                        _ => return self.err("expected ',' or '}'"),
+                    }
+                }
+            }
+            Some(b'[') => {
+                self.pos += 1;
+                if self.peek() == Some(b']') {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                loop {
+                    self.skip_depth(depth + 1)?;
+                    match self.peek() {
+                        Some(b',') => self.pos += 1,
+                        Some(b']') => {
+                            self.pos += 1;
+                            return Ok(());
+                        }
+                        _ => return self.err("expected ',' or ']'"),
+                    }
+                }
+            }
+            Some(b't') => self.literal(b"true"),
+            Some(b'f') => self.literal(b"false"),
+            Some(b'n') => self.literal(b"null"),
+            Some(b'-' | b'0'..=b'9') => self.number(),
+            Some(_) => self.err("unexpected character"),
+            None => self.err("unexpected end of input"),
+        }
+    }
+
+    /// Walks an object; `f` is called with each key and must consume exactly its value.
+    pub fn object(&mut self, mut f: impl FnMut(&mut Self, &[u8]) -> Result<()>) -> Result<()> {
+        self.expect(b'{')?;
+        if self.peek() == Some(b'}') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            let (key, escaped) = self.raw_string()?;
+            if escaped {
+                // Escaped keys never name a field we read; keep validating.
+                self.expect(b':')?;
+                self.skip_value()?;
+            } else {
+                self.expect(b':')?;
+                f(self, key)?;
+            }
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b'}') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return self.err("expected ',' or '}'"),
+            }
+        }
+    }
+
+    /// Walks an array; `f` is called at each element and must consume it.
+    pub fn array(&mut self, mut f: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
+        self.expect(b'[')?;
+        if self.peek() == Some(b']') {
+            self.pos += 1;
+            return Ok(());
+        }
+        loop {
+            f(self)?;
+            match self.peek() {
+                Some(b',') => self.pos += 1,
+                Some(b']') => {
+                    self.pos += 1;
+                    return Ok(());
+                }
+                _ => return self.err("expected ',' or ']'"),
+            }
+        }
+    }
+
+    /// `null` or a string.
+    pub fn opt_string(&mut self) -> Result<Option<Cow<'a, str>>> {
+        if self.peek() == Some(b'n') {
+            self.literal(b"null")?;
+            Ok(None)
+        } else {
+            self.string().map(Some)
+        }
+    }
+}
+
+/// Decodes a quoted JSON string with escapes (including surrogate pairs).
+fn decode_escaped(quoted: &[u8]) -> Option<String> {
+    let inner = std::str::from_utf8(&quoted[1..quoted.len() - 1]).ok()?;
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next()? {
+            '"' => out.push('"'),
+            '\\' => out.push('\\'),
+            '/' => out.push('/'),
+            'b' => out.push('\u{8}'),
+            'f' => out.push('\u{c}'),
+            'n' => out.push('\n'),
+            'r' => out.push('\r'),
+            't' => out.push('\t'),
+            'u' => {
+                let hi = hex4(&mut chars)?;
+                let cp = if (0xD800..0xDC00).contains(&hi) {
+                    if chars.next()? != '\\' || chars.next()? != 'u' {
+                        return None;
+                    }
+                    let lo = hex4(&mut chars)?;
+                    if !(0xDC00..0xE000).contains(&lo) {
+                        return None;
+                    }
+                    0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)
+                } else {
+                    hi
+                };
+                out.push(char::from_u32(cp)?);
+            }
+            _ => return None,
+        }
+    }
+    Some(out)
+}
+
+fn hex4(chars: &mut std::str::Chars<'_>) -> Option<u32> {
+    let mut v = 0;
+    for _ in 0..4 {
+        v = v * 16 + chars.next()?.to_digit(16)?;
+    }
+    Some(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid(s: &str) -> bool {
+        let mut sc = Scanner::new(s.as_bytes());
+        sc.skip_value().and_then(|_| sc.end()).is_ok()
+    }
+
+    #[test]
+    fn accepts_valid_documents() {
+        for s in [
+            r#"{}"#,
+            r#"[]"#,
+            r#"{"a":[1,-2.5e3,true,false,null,"x\"\u00e9"],"b":{"c":{}}}"#,
+            " 0 ",
+        ] {
+            assert!(valid(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn rejects_invalid_documents() {
+        for s in [
+            r#"{"a":}"#,
+            r#"{"a":1,}"#,
+            r#"[1,]"#,
+            r#"{"a" 1}"#,
+            r#""abc"#,
+            r#"01"#,
+            r#"1."#,
+            r#"tru"#,
+            r#"{"a":"\x"}"#,
+            "\"a\tb\"",
+            r#"{} x"#,
+        ] {
+            assert!(!valid(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn decodes_escapes() {
+        let mut sc = Scanner::new(br#""a\n\u00e9\ud83d\ude00""#);
+        assert_eq!(sc.string().unwrap(), "a\n\u{e9}\u{1F600}");
+    }
+}

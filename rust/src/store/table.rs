@@ -1,0 +1,583 @@
+//! The store proper: objects keyed by namespace/name, local-write overrides, and the coalesced
+//! "changed since the last drain" set. No Python here, so it can run with the GIL released.
+//!
+//! Deltas are not accumulated event by event; the store remembers what the consumer was last
+//! shown for each key (`Shown`) and marks keys dirty. At drain time the difference between the
+//! shown state and the current state *is* the coalesced delta, which gives the algebra
+//! (add+update = add, add+delete = nothing, update+delete = delete, delete+add = update) and
+//! "no delta for an unchanged resourceVersion" by construction.
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::parse::{self, Event, Keyed};
+use super::rv::Rv;
+
+pub struct Obj {
+    pub uid: Box<str>,
+    pub rv: Rv,
+    pub raw: Box<[u8]>,
+}
+
+enum Local {
+    /// A write's result, shown until the watch reports the same or a newer resourceVersion.
+    Upsert(Obj, f64),
+    /// A delete: hides the object until the watch confirms, unless the watch shows a newer
+    /// object with another uid (someone re-created it).
+    Tombstone {
+        uid: Box<str>,
+        rv: Rv,
+        deadline: f64,
+    },
+}
+
+impl Local {
+    fn deadline(&self) -> f64 {
+        match self {
+            Local::Upsert(_, d) => *d,
+            Local::Tombstone { deadline, .. } => *deadline,
+        }
+    }
+}
+
+/// What the consumer saw at the last drain.
+#[derive(Clone, PartialEq)]
+pub enum Shown {
+    Absent,
+    Visible(Rv),
+    /// Present but excluded by the predicate (or rejected) at this resourceVersion.
+    Excluded(Rv),
+}
+
+struct Entry {
+    watch: Option<Obj>,
+    local: Option<Box<Local>>,
+    shown: Shown,
+    dirty: bool,
+    /// The relist generation in which the watch last reported this key.
+    seen: u32,
+}
+
+impl Entry {
+    fn new() -> Self {
+        Entry {
+            watch: None,
+            local: None,
+            shown: Shown::Absent,
+            dirty: false,
+            seen: 0,
+        }
+    }
+
+    fn effective(&self) -> Option<&Obj> {
+        match self.local.as_deref() {
+            Some(Local::Upsert(o, _)) => Some(o),
+            Some(Local::Tombstone { .. }) => None,
+            None => self.watch.as_ref(),
+        }
+    }
+
+    fn effective_rv(&self) -> Option<Rv> {
+        self.effective().map(|o| o.rv.clone())
+    }
+
+    fn is_dead(&self) -> bool {
+        self.watch.is_none() && self.local.is_none() && self.shown == Shown::Absent && !self.dirty
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DeltaKind {
+    Add = 0,
+    Update = 1,
+    Delete = 2,
+}
+
+pub struct Delta<'a> {
+    pub kind: DeltaKind,
+    pub key: &'a str,
+    pub rv: String,
+    pub raw: Option<&'a [u8]>,
+}
+
+/// The verdict of the consumer's filter on one object.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Include,
+    Exclude,
+    /// The object could not be accepted (e.g. it does not decode): keep showing the last good one.
+    Reject,
+}
+
+#[derive(Default)]
+pub struct FeedOutcome {
+    pub resource_version: Option<String>,
+    pub error: Option<parse::Status>,
+    pub events: usize,
+    pub malformed: Vec<String>,
+}
+
+#[derive(Default)]
+pub struct ListOutcome {
+    pub items: usize,
+    pub malformed: Vec<String>,
+}
+
+/// Joins namespace and name; neither may contain '/', so the key is unambiguous.
+pub fn make_key(buf: &mut String, namespace: &str, name: &str) {
+    buf.clear();
+    buf.push_str(namespace);
+    buf.push('/');
+    buf.push_str(name);
+}
+
+pub fn split_key(key: &str) -> (&str, &str) {
+    key.split_once('/').unwrap_or(("", key))
+}
+
+#[derive(Default)]
+pub struct Table {
+    map: FxHashMap<Box<str>, Entry>,
+    dirty: Vec<Box<str>>,
+    locals: FxHashSet<Box<str>>,
+    /// A partial event line carried over from the previous chunk.
+    partial: Vec<u8>,
+    generation: u32,
+    /// A list page failed to parse during the current relist: skip the vanish sweep.
+    list_poisoned: bool,
+    raw_bytes: usize,
+    keybuf: String,
+}
+
+impl Table {
+    pub fn new() -> Self {
+        Table::default()
+    }
+
+    fn entry(&mut self, key: &str) -> &mut Entry {
+        if !self.map.contains_key(key) {
+            self.map.insert(key.into(), Entry::new());
+        }
+        self.map.get_mut(key).expect("just inserted")
+    }
+
+    fn mark(&mut self, key: &str, before: Option<Rv>) {
+        let e = self.map.get_mut(key).expect("entry exists");
+        if e.effective_rv() == before {
+            if e.is_dead() {
+                self.map.remove(key);
+            }
+            return;
+        }
+        if !e.dirty {
+            e.dirty = true;
+            self.dirty.push(key.into());
+        }
+    }
+
+    fn set_watch(&mut self, key: &str, obj: Option<Obj>) -> Option<Obj> {
+        let add = obj.as_ref().map_or(0, |o| o.raw.len());
+        let e = self.map.get_mut(key).expect("entry exists");
+        let old = std::mem::replace(&mut e.watch, obj);
+        self.raw_bytes = self.raw_bytes + add - old.as_ref().map_or(0, |o| o.raw.len());
+        old
+    }
+
+    fn set_local(&mut self, key: &str, local: Option<Local>) {
+        let e = self.map.get_mut(key).expect("entry exists");
+        let sz = |l: &Option<Box<Local>>| match l.as_deref() {
+            Some(Local::Upsert(o, _)) => o.raw.len(),
+            _ => 0,
+        };
+        self.raw_bytes -= sz(&e.local);
+        e.local = local.map(Box::new);
+        self.raw_bytes += sz(&e.local);
+        if e.local.is_some() {
+            if !self.locals.contains(key) {
+                self.locals.insert(key.into());
+            }
+        } else {
+            self.locals.remove(key);
+        }
+    }
+
+    pub fn watch_upsert(&mut self, key: &str, obj: Obj) {
+        let generation = self.generation;
+        let e = self.entry(key);
+        e.seen = generation;
+        if e.watch.as_ref().is_some_and(|w| w.rv == obj.rv) {
+            return;
+        }
+        let before = e.effective_rv();
+        let drop_local = match e.local.as_deref() {
+            Some(Local::Upsert(l, _)) => obj.rv.supersedes(&l.rv),
+            Some(Local::Tombstone { uid, rv, .. }) => *uid != obj.uid && obj.rv.newer_than(rv),
+            None => false,
+        };
+        self.set_watch(key, Some(obj));
+        if drop_local {
+            self.set_local(key, None);
+        }
+        self.mark(key, before);
+    }
+
+    /// The watch (or a relist) says the key is gone; `rv` is the deletion's resourceVersion.
+    pub fn watch_delete(&mut self, key: &str, rv: &Rv) {
+        let Some(e) = self.map.get(key) else {
+            return;
+        };
+        let before = e.effective_rv();
+        let drop_local = match e.local.as_deref() {
+            Some(Local::Upsert(l, _)) => rv.supersedes(&l.rv),
+            Some(Local::Tombstone { .. }) => true,
+            None => false,
+        };
+        self.set_watch(key, None);
+        if drop_local {
+            self.set_local(key, None);
+        }
+        self.mark(key, before);
+    }
+
+    pub fn local_upsert(&mut self, key: &str, obj: Obj, deadline: f64) -> bool {
+        let e = self.entry(key);
+        let stale = e
+            .watch
+            .as_ref()
+            .is_some_and(|w| !obj.rv.newer_than_local(&w.rv))
+            || matches!(e.local.as_deref(), Some(Local::Upsert(l, _)) if !obj.rv.newer_than_local(&l.rv));
+        if stale {
+            if e.is_dead() {
+                self.map.remove(key);
+            }
+            return false;
+        }
+        let before = e.effective_rv();
+        self.set_local(key, Some(Local::Upsert(obj, deadline)));
+        self.mark(key, before);
+        true
+    }
+
+    pub fn local_delete(&mut self, key: &str, deadline: f64) -> bool {
+        let Some(e) = self.map.get(key) else {
+            return false;
+        };
+        let Some(cur) = e.effective() else {
+            return false;
+        };
+        let tomb = Local::Tombstone {
+            uid: cur.uid.clone(),
+            rv: cur.rv.clone(),
+            deadline,
+        };
+        let before = e.effective_rv();
+        self.set_local(key, Some(tomb));
+        self.mark(key, before);
+        true
+    }
+
+    /// Drops local overrides the watch never confirmed; returns how many.
+    pub fn expire(&mut self, now: f64) -> usize {
+        if self.locals.is_empty() {
+            return 0;
+        }
+        let expired: Vec<Box<str>> = self
+            .locals
+            .iter()
+            .filter(|k| {
+                self.map
+                    .get(&***k)
+                    .and_then(|e| e.local.as_deref())
+                    .is_some_and(|l| l.deadline() <= now)
+            })
+            .cloned()
+            .collect();
+        for key in &expired {
+            let before = self.map[key].effective_rv();
+            self.set_local(key, None);
+            self.mark(key, before);
+        }
+        expired.len()
+    }
+
+    pub fn feed(&mut self, chunk: &[u8]) -> FeedOutcome {
+        let mut out = FeedOutcome::default();
+        let mut rest = chunk;
+        if !self.partial.is_empty() {
+            match memchr::memchr(b'\n', rest) {
+                None => {
+                    self.partial.extend_from_slice(rest);
+                    return out;
+                }
+                Some(i) => {
+                    let mut line = std::mem::take(&mut self.partial);
+                    line.extend_from_slice(&rest[..i]);
+                    rest = &rest[i + 1..];
+                    if self.line(&line, &mut out) {
+                        return out;
+                    }
+                }
+            }
+        }
+        while let Some(i) = memchr::memchr(b'\n', rest) {
+            let line = &rest[..i];
+            rest = &rest[i + 1..];
+            if self.line(line, &mut out) {
+                return out;
+            }
+        }
+        self.partial.extend_from_slice(rest);
+        out
+    }
+
+    pub fn end_stream(&mut self) {
+        self.partial = Vec::new();
+    }
+
+    /// Applies one event line; returns true when an ERROR event ends the chunk.
+    fn line(&mut self, line: &[u8], out: &mut FeedOutcome) -> bool {
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return false;
+        }
+        match self.apply_line(line, out) {
+            Ok(stop) => stop,
+            Err(msg) => {
+                out.malformed.push(msg);
+                false
+            }
+        }
+    }
+
+    fn apply_line(&mut self, line: &[u8], out: &mut FeedOutcome) -> Result<bool, String> {
+        match parse::event(line)? {
+            Event::Upsert(h) => {
+                let k = h.keyed()?;
+                let obj = make_obj(&k, line[h.start..h.end].into());
+                self.keyed_upsert(&k, obj);
+                out.resource_version = Some(k.resource_version.into_owned());
+            }
+            Event::Delete(h) => {
+                let k = h.keyed()?;
+                let rv = Rv::parse(&k.resource_version);
+                let mut key = std::mem::take(&mut self.keybuf);
+                make_key(&mut key, &k.namespace, &k.name);
+                self.watch_delete(&key, &rv);
+                self.keybuf = key;
+                out.resource_version = Some(k.resource_version.into_owned());
+            }
+            Event::Bookmark(rv) => {
+                if let Some(rv) = rv.filter(|rv| !rv.is_empty()) {
+                    out.resource_version = Some(rv.into_owned());
+                }
+            }
+            Event::Error(status) => {
+                out.error = Some(status);
+                // Bytes after an ERROR event belong to a stream the server is closing.
+                self.partial = Vec::new();
+                return Ok(true);
+            }
+        }
+        out.events += 1;
+        Ok(false)
+    }
+
+    fn keyed_upsert(&mut self, k: &Keyed<'_>, obj: Obj) {
+        let mut key = std::mem::take(&mut self.keybuf);
+        make_key(&mut key, &k.namespace, &k.name);
+        self.watch_upsert(&key, obj);
+        self.keybuf = key;
+    }
+
+    pub fn begin_list(&mut self) {
+        self.generation = self.generation.wrapping_add(1);
+        self.list_poisoned = false;
+    }
+
+    pub fn list_page(&mut self, body: &[u8]) -> Result<ListOutcome, String> {
+        let page = match parse::page(body) {
+            Ok(p) => p,
+            Err(e) => {
+                self.list_poisoned = true;
+                return Err(e);
+            }
+        };
+        let kind = page.kind.as_deref().unwrap_or("");
+        let kind = kind.strip_suffix("List").unwrap_or(kind);
+        let api_version = page.api_version.as_deref().unwrap_or("");
+        let mut out = ListOutcome::default();
+        for h in &page.items {
+            match h.keyed() {
+                Ok(k) => {
+                    let obj = make_obj(&k, parse::item_bytes(body, h, kind, api_version));
+                    self.keyed_upsert(&k, obj);
+                    out.items += 1;
+                }
+                Err(e) => {
+                    // An item we cannot key might be one we hold: do not sweep on this relist.
+                    self.list_poisoned = true;
+                    out.malformed.push(e);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ends a relist: whatever the watch had that the list did not show is gone (unless a page
+    /// was malformed, in which case nothing is deleted). Returns the number of vanished keys.
+    pub fn end_list(&mut self, resource_version: &str) -> usize {
+        if self.list_poisoned {
+            return 0;
+        }
+        let generation = self.generation;
+        let gone: Vec<Box<str>> = self
+            .map
+            .iter()
+            .filter(|(_, e)| e.watch.is_some() && e.seen != generation)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let rv = Rv::parse(resource_version);
+        for key in &gone {
+            self.watch_delete(key, &rv);
+        }
+        gone.len()
+    }
+
+    pub fn pending(&self) -> usize {
+        self.dirty.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn len(&self) -> usize {
+        self.map
+            .values()
+            .filter(|e| e.effective().is_some())
+            .count()
+    }
+
+    pub fn get(&self, key: &str) -> Option<&[u8]> {
+        self.map
+            .get(key)
+            .and_then(Entry::effective)
+            .map(|o| &*o.raw)
+    }
+
+    /// Keys shown to the consumer, i.e. visible at the last drain.
+    pub fn shown_keys(&self) -> Vec<&str> {
+        self.map
+            .iter()
+            .filter(|(_, e)| matches!(e.shown, Shown::Visible(_)))
+            .map(|(k, _)| &**k)
+            .collect()
+    }
+
+    /// Bytes held: object bytes plus keys and per-entry bookkeeping.
+    pub fn memory_usage(&self) -> usize {
+        let per_entry = std::mem::size_of::<Entry>() + std::mem::size_of::<Box<str>>() + 8;
+        self.raw_bytes
+            + self.map.keys().map(|k| k.len()).sum::<usize>()
+            + self.map.capacity() * per_entry
+            + self
+                .map
+                .values()
+                .filter_map(|e| e.watch.as_ref())
+                .map(|o| o.uid.len())
+                .sum::<usize>()
+    }
+
+    /// The dirty keys whose current object needs the consumer's verdict (present, and not the
+    /// resourceVersion already judged).
+    pub fn to_judge(&self) -> Vec<(&str, &[u8])> {
+        self.dirty
+            .iter()
+            .filter_map(|k| {
+                let e = &self.map[k];
+                let o = e.effective()?;
+                let judged = match &e.shown {
+                    Shown::Visible(rv) | Shown::Excluded(rv) => *rv == o.rv,
+                    Shown::Absent => false,
+                };
+                (!judged).then_some((&**k, &*o.raw))
+            })
+            .collect()
+    }
+
+    /// Computes the coalesced deltas for every dirty key and records them as shown.
+    /// `verdict` is consulted for each key `to_judge` returned (it must answer for those).
+    pub fn drain(
+        &mut self,
+        mut verdict: impl FnMut(&str) -> Verdict,
+    ) -> Vec<(DeltaKind, Box<str>, String)> {
+        let dirty = std::mem::take(&mut self.dirty);
+        let mut out = Vec::new();
+        for key in dirty {
+            let e = self.map.get_mut(&key).expect("dirty entry exists");
+            e.dirty = false;
+            let cur = e.effective().map(|o| o.rv.clone());
+            let was_visible = matches!(e.shown, Shown::Visible(_));
+            let (next, delta) = match cur {
+                None => (Shown::Absent, was_visible.then_some(DeltaKind::Delete)),
+                Some(rv) => {
+                    let judged = match &e.shown {
+                        Shown::Visible(s) | Shown::Excluded(s) => *s == rv,
+                        Shown::Absent => false,
+                    };
+                    if judged {
+                        (e.shown.clone(), None)
+                    } else {
+                        match verdict(&key) {
+                            Verdict::Include => {
+                                let kind = if was_visible {
+                                    DeltaKind::Update
+                                } else {
+                                    DeltaKind::Add
+                                };
+                                (Shown::Visible(rv), Some(kind))
+                            }
+                            Verdict::Exclude => (
+                                Shown::Excluded(rv),
+                                was_visible.then_some(DeltaKind::Delete),
+                            ),
+                            Verdict::Reject => (e.shown.clone(), None),
+                        }
+                    }
+                }
+            };
+            let rv = match (&delta, &next, &e.shown) {
+                (Some(DeltaKind::Delete), _, Shown::Visible(old)) => old.to_string(),
+                (_, Shown::Visible(rv), _) => rv.to_string(),
+                _ => String::new(),
+            };
+            e.shown = next;
+            let dead = e.is_dead();
+            if let Some(kind) = delta {
+                out.push((kind, key.clone(), rv));
+            }
+            if dead {
+                self.map.remove(&key);
+            }
+        }
+        out
+    }
+}
+
+fn make_obj(k: &Keyed<'_>, raw: Box<[u8]>) -> Obj {
+    Obj {
+        uid: (*k.uid).into(),
+        rv: Rv::parse(&k.resource_version),
+        raw,
+    }
+}
+
+/// Parses a standalone object (a write's result) for a local override.
+pub fn local_obj(raw: &[u8]) -> Result<(String, Obj), String> {
+    let mut sc = super::json::Scanner::new(raw);
+    let h = parse::head(&mut sc, false)?;
+    sc.end()?;
+    let k = h.keyed()?;
+    let mut key = String::new();
+    make_key(&mut key, &k.namespace, &k.name);
+    let obj = make_obj(&k, raw.into());
+    Ok((key, obj))
+}
