@@ -1,0 +1,265 @@
+"""The Trio-facing gRPC bridge: grpclib (asyncio-only) inside one long-lived trio-asyncio loop.
+
+The service opens the bridge once at the root of the process's task tree
+(``async with open_grpc_bridge() as bridge:``) and passes it down. Everything else talks to gRPC
+through this module's small API, so no asyncio object or grpclib exception reaches Trio code:
+
+- `GrpcBridge.channel(path)` opens a client channel on a unix socket (closed on exit);
+- `GrpcBridge.unary(method, request, timeout=...)` makes a unary call with a deadline that both
+  sides see (grpclib's ``timeout=`` sends ``grpc-timeout``; a Trio deadline backs it up);
+- `GrpcBridge.server_stream(method, request)` opens a server-streaming call, yielding a Trio
+  async iterator of replies;
+- `GrpcBridge.serve(handlers, path)` serves grpclib handlers on a unix socket.
+
+Every failure surfaces as `RpcError` (with the gRPC status name) or one of its subclasses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+
+import trio
+import trio_asyncio
+from google.protobuf.message import DecodeError, Message
+from grpclib import GRPCError
+from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
+from grpclib.client import Stream as ClientStream
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import ProtocolError, StreamTerminatedError
+from grpclib.server import Server
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "GrpcBridge",
+    "GrpcChannel",
+    "MalformedMessage",
+    "MessageRejected",
+    "MessageTooLarge",
+    "RpcError",
+    "ServerStream",
+    "open_grpc_bridge",
+]
+
+DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# The Trio deadline is a backstop for a peer or connection that ignores grpc-timeout; the margin
+# lets grpclib's own DEADLINE_EXCEEDED (with the peer informed) win the race in the normal case.
+_TRIO_DEADLINE_MARGIN = 0.25
+# Closing a stream or server must not hang shutdown on a wedged peer.
+_CLOSE_TIMEOUT = 5.0
+
+P = ParamSpec("P")
+T = TypeVar("T")
+Req = TypeVar("Req", bound=Message)
+Rep = TypeVar("Rep", bound=Message)
+
+
+class RpcError(Exception):
+    """A gRPC call failed. `status` is the gRPC status name, e.g. ``"UNAVAILABLE"``."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status}: {message}")
+
+
+class MessageRejected(RpcError):
+    """The peer sent a message that was refused before it reached any consumer."""
+
+
+class MessageTooLarge(MessageRejected):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__("RESOURCE_EXHAUSTED", f"message of {size} bytes exceeds limit {limit}")
+        self.size = size
+        self.limit = limit
+
+
+class MalformedMessage(MessageRejected):
+    def __init__(self, detail: str) -> None:
+        super().__init__("INTERNAL", f"malformed protobuf message: {detail}")
+
+
+class _LimitedProtoCodec(ProtoCodec):
+    """grpclib has no receive-size limit: refuse oversized or undecodable messages here."""
+
+    def __init__(self, max_message_bytes: int) -> None:
+        self.max_message_bytes = max_message_bytes
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if len(data) > self.max_message_bytes:
+            raise MessageTooLarge(len(data), self.max_message_bytes)
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            raise MalformedMessage(str(exc)) from None
+
+
+def _to_rpc_error(exc: BaseException) -> RpcError | None:
+    if isinstance(exc, RpcError):
+        return exc
+    if isinstance(exc, GRPCError):
+        return RpcError(exc.status.name, exc.message or exc.status.name)
+    if isinstance(exc, StreamTerminatedError | ProtocolError):
+        return RpcError("UNAVAILABLE", f"stream terminated: {exc}")
+    if isinstance(exc, OSError):
+        return RpcError("UNAVAILABLE", f"connection failed: {exc}")
+    if isinstance(exc, asyncio.TimeoutError | trio.TooSlowError):
+        return RpcError("DEADLINE_EXCEEDED", "deadline exceeded")
+    if isinstance(exc, asyncio.CancelledError):
+        # The asyncio side cancelled the call (e.g. the channel was closed under it).
+        return RpcError("CANCELLED", "call cancelled")
+    return None
+
+
+class _Stub(Protocol):
+    def __init__(self, channel: Channel) -> None: ...
+
+
+StubT = TypeVar("StubT", bound=_Stub)
+
+
+class GrpcChannel:
+    """A client channel on one unix socket: one multiplexed HTTP/2 connection, opened lazily."""
+
+    def __init__(self, channel: Channel, path: str) -> None:
+        self._channel = channel
+        self.path = path
+
+    def stub(self, stub_type: type[StubT]) -> StubT:
+        """A generated grpclib stub (e.g. ``RegistrationStub``) bound to this channel."""
+        return stub_type(self._channel)
+
+
+class ServerStream(Generic[Rep]):
+    """The replies of a server-streaming call, as a Trio async iterator."""
+
+    def __init__(self, bridge: GrpcBridge, stream: ClientStream[Any, Rep]) -> None:
+        self._bridge = bridge
+        self._stream = stream
+
+    def __aiter__(self) -> ServerStream[Rep]:
+        return self
+
+    async def __anext__(self) -> Rep:
+        message: Rep | None = await self._bridge._call(self._stream.recv_message)
+        if message is None:
+            raise StopAsyncIteration
+        return message
+
+
+class GrpcBridge:
+    """Runs grpclib on the trio-asyncio loop it was opened with. Create with `open_grpc_bridge`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    async def _call(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Await an asyncio coroutine function on the bridge loop, mapping failures to RpcError."""
+        try:
+            return await trio_asyncio.aio_as_trio(fn, loop=self._loop)(*args, **kwargs)  # type: ignore[no-any-return]
+        except trio.Cancelled:
+            raise
+        except Exception as exc:
+            mapped = _to_rpc_error(exc)
+            if mapped is None or mapped is exc:
+                raise
+            raise mapped from exc
+
+    @asynccontextmanager
+    async def channel(
+        self, path: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    ) -> AsyncIterator[GrpcChannel]:
+        """A channel to the gRPC server on unix socket `path`, closed when the block exits."""
+
+        async def create() -> Channel:
+            # Inside the loop: a Channel made from Trio code would capture no event loop.
+            return Channel(path=path, codec=_LimitedProtoCodec(max_message_bytes))
+
+        raw = await self._call(create)
+        try:
+            yield GrpcChannel(raw, path)
+        finally:
+            raw.close()
+
+    async def unary(self, method: UnaryUnaryMethod[Req, Rep], request: Req, *, timeout: float) -> Rep:
+        """One unary call. The deadline is sent to the peer (grpc-timeout) and enforced here."""
+        try:
+            with trio.fail_after(timeout + _TRIO_DEADLINE_MARGIN):
+                reply: Rep = await self._call(method, request, timeout=timeout)
+                return reply
+        except trio.TooSlowError:
+            raise RpcError("DEADLINE_EXCEEDED", f"no reply within {timeout}s") from None
+
+    @asynccontextmanager
+    async def server_stream(
+        self,
+        method: UnaryStreamMethod[Req, Rep],
+        request: Req,
+        *,
+        timeout: float | None = None,
+        open_timeout: float = 10.0,
+    ) -> AsyncIterator[ServerStream[Rep]]:
+        """Open a server-streaming call and yield its replies; the call is ended on exit.
+
+        `timeout` bounds the whole call (none for a watch); `open_timeout` bounds connecting and
+        sending the request.
+        """
+
+        async def start() -> ClientStream[Req, Rep]:
+            stream = method.open(timeout=timeout)
+            await stream.__aenter__()
+            try:
+                await stream.send_message(request, end=True)
+            except BaseException:
+                await stream.__aexit__(*sys.exc_info())
+                raise
+            return stream
+
+        try:
+            with trio.fail_after(open_timeout):
+                stream = await self._call(start)
+        except trio.TooSlowError:
+            raise RpcError("DEADLINE_EXCEEDED", f"stream not open within {open_timeout}s") from None
+        exc_info: tuple[Any, Any, Any] = (None, None, None)
+        try:
+            yield ServerStream(self, stream)
+        except BaseException:
+            exc_info = sys.exc_info()
+            raise
+        finally:
+            # A cancelled or failed consumer resets the stream (the peer sees CANCEL).
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                try:
+                    await self._call(stream.__aexit__, *exc_info)
+                except RpcError:
+                    pass  # the call already failed; its error is the one that matters
+
+    @asynccontextmanager
+    async def serve(self, handlers: Sequence[Any], path: str) -> AsyncIterator[None]:
+        """Serve grpclib handler objects on unix socket `path` until the block exits."""
+
+        async def start() -> Server:
+            server = Server(list(handlers))
+            await server.start(path=path)
+            return server
+
+        async def stop(server: Server) -> None:
+            server.close()
+            await server.wait_closed()
+
+        server = await self._call(start)
+        try:
+            yield
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                await self._call(stop, server)
+
+
+@asynccontextmanager
+async def open_grpc_bridge() -> AsyncIterator[GrpcBridge]:
+    """Open the process's one trio-asyncio loop and the bridge that runs grpclib on it."""
+    async with trio_asyncio.open_loop() as loop:
+        yield GrpcBridge(loop)

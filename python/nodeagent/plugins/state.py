@@ -1,0 +1,115 @@
+"""The kubelet plugin manager's caches and reconciler plan: desired vs actual state of the world.
+
+The registry watcher writes the desired state (every plugin socket that exists, with a
+generation that changes whenever the socket is recreated); registration writes the actual state.
+`plan` compares them: actual plugins whose socket left the desired state, or whose generation
+differs (socket recreated), are unregistered; desired sockets without a matching actual entry are
+registered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ActualPlugin",
+    "ActualState",
+    "DesiredPlugin",
+    "DesiredState",
+    "Plan",
+    "SocketIdentity",
+    "plan",
+]
+
+_generations = itertools.count(1)
+
+
+@dataclass(frozen=True)
+class SocketIdentity:
+    """What changes when a socket file is recreated at the same path."""
+
+    device: int
+    inode: int
+    ctime_ns: int
+
+
+@dataclass(frozen=True)
+class DesiredPlugin:
+    socket: str
+    identity: SocketIdentity
+    generation: int
+
+
+@dataclass(frozen=True)
+class ActualPlugin:
+    socket: str
+    generation: int
+    plugin_type: str
+    name: str
+    endpoint: str
+    versions: tuple[str, ...]
+
+
+class DesiredState:
+    def __init__(self) -> None:
+        self._plugins: dict[str, DesiredPlugin] = {}
+
+    def add_or_update(self, socket: str, identity: SocketIdentity) -> DesiredPlugin:
+        """Record a socket; a new generation whenever its identity changed (or it was absent)."""
+        current = self._plugins.get(socket)
+        if current is not None and current.identity == identity:
+            return current
+        entry = DesiredPlugin(socket, identity, next(_generations))
+        self._plugins[socket] = entry
+        return entry
+
+    def force_new_generation(self, socket: str, identity: SocketIdentity) -> DesiredPlugin:
+        entry = DesiredPlugin(socket, identity, next(_generations))
+        self._plugins[socket] = entry
+        return entry
+
+    def remove(self, socket: str) -> None:
+        self._plugins.pop(socket, None)
+
+    def get(self, socket: str) -> DesiredPlugin | None:
+        return self._plugins.get(socket)
+
+    def plugins(self) -> list[DesiredPlugin]:
+        return sorted(self._plugins.values(), key=lambda p: p.socket)
+
+
+class ActualState:
+    def __init__(self) -> None:
+        self._plugins: dict[str, ActualPlugin] = {}
+
+    def add(self, plugin: ActualPlugin) -> None:
+        self._plugins[plugin.socket] = plugin
+
+    def remove(self, socket: str) -> None:
+        self._plugins.pop(socket, None)
+
+    def get(self, socket: str) -> ActualPlugin | None:
+        return self._plugins.get(socket)
+
+    def plugins(self) -> list[ActualPlugin]:
+        return sorted(self._plugins.values(), key=lambda p: p.socket)
+
+
+@dataclass
+class Plan:
+    unregister: list[ActualPlugin] = field(default_factory=list)
+    register: list[DesiredPlugin] = field(default_factory=list)
+
+
+def plan(desired: DesiredState, actual: ActualState) -> Plan:
+    result = Plan()
+    for registered in actual.plugins():
+        wanted = desired.get(registered.socket)
+        if wanted is None or wanted.generation != registered.generation:
+            result.unregister.append(registered)
+    for wanted in desired.plugins():
+        current = actual.get(wanted.socket)
+        if current is None or current.generation != wanted.generation:
+            result.register.append(wanted)
+    return result

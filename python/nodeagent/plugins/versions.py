@@ -1,0 +1,49 @@
+"""supported_versions rules of the built-in plugin types."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from nodeagent.plugins.handler import PluginValidationError
+
+__all__ = ["highest_supported_version", "parse_generic_version", "require_any_version"]
+
+# k8s.io/apimachinery/pkg/util/version ParseGeneric: optional "v", at least major.minor.
+_GENERIC = re.compile(r"^\s*v?([0-9]+(?:\.[0-9]+)+)\s*$")
+
+
+def parse_generic_version(text: str) -> tuple[int, ...]:
+    match = _GENERIC.match(text)
+    if match is None:
+        raise PluginValidationError(f"could not parse {text!r} as a version")
+    return tuple(int(part) for part in match.group(1).split("."))
+
+
+def highest_supported_version(versions: Sequence[str]) -> tuple[int, ...]:
+    """The seed DRA rule: every entry must parse; entries with major > 1 are skipped; the
+    highest remaining one must have major 1."""
+    if not versions:
+        raise PluginValidationError("plugin provided empty supported_versions")
+    highest: tuple[int, ...] | None = None
+    for text in versions:
+        version = parse_generic_version(text)
+        if version[0] > 1:
+            continue
+        if highest is None or version > highest:
+            highest = version
+    if highest is None or highest[0] != 1:
+        raise PluginValidationError(
+            f"none of the versions {list(versions)} is supported: need major version 1"
+        )
+    return highest
+
+
+def require_any_version(versions: Sequence[str], supported: Sequence[str]) -> str:
+    """The Katalyst rule: at least one advertised version is one we support."""
+    for version in versions:
+        if version in supported:
+            return version
+    raise PluginValidationError(
+        f"none of the versions {list(versions)} is supported (supported: {list(supported)})"
+    )
