@@ -17,6 +17,7 @@ Every failure surfaces as `RpcError` (with the gRPC status name) or one of its s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -184,7 +185,13 @@ class GrpcBridge:
         finally:
             raw.close()
 
-    async def unary(self, method: UnaryUnaryMethod[Req, Rep], request: Req, *, timeout: float) -> Rep:
+    async def unary(
+        self,
+        method: UnaryUnaryMethod[Req, Rep],
+        request: Req,
+        *,
+        timeout: float,  # noqa: ASYNC109 - sent to the peer as grpc-timeout; a scope cannot be
+    ) -> Rep:
         """One unary call. The deadline is sent to the peer (grpc-timeout) and enforced here."""
         try:
             with trio.fail_after(timeout + _TRIO_DEADLINE_MARGIN):
@@ -199,7 +206,7 @@ class GrpcBridge:
         method: UnaryStreamMethod[Req, Rep],
         request: Req,
         *,
-        timeout: float | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - sent to the peer as grpc-timeout
         open_timeout: float = 10.0,
     ) -> AsyncIterator[ServerStream[Rep]]:
         """Open a server-streaming call and yield its replies; the call is ended on exit.
@@ -230,12 +237,14 @@ class GrpcBridge:
             exc_info = sys.exc_info()
             raise
         finally:
-            # A cancelled or failed consumer resets the stream (the peer sees CANCEL).
-            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
-                try:
-                    await self._call(stream.__aexit__, *exc_info)
-                except RpcError:
-                    pass  # the call already failed; its error is the one that matters
+            # A cancelled or failed consumer resets the stream (the peer sees CANCEL). A failing
+            # close means the call already failed; that error is the one to see.
+            with (
+                trio.CancelScope(shield=True),
+                trio.move_on_after(_CLOSE_TIMEOUT),
+                contextlib.suppress(RpcError),
+            ):
+                await self._call(stream.__aexit__, *exc_info)
 
     @asynccontextmanager
     async def serve(self, handlers: Sequence[Any], path: str) -> AsyncIterator[None]:

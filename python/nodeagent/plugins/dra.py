@@ -22,7 +22,9 @@ DRA_PLUGIN_TYPE = "DRAPlugin"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # resource.Quantity's string form: sign, number, then an optional binary/decimal suffix or exponent.
-_QUANTITY = re.compile(r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$")
+_QUANTITY = re.compile(
+    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$"
+)
 
 
 class DraHandler(StreamingHandler[api_pb2.NodeListAndWatchResourcesResponse]):
@@ -81,7 +83,9 @@ def validate_resources(message: api_pb2.NodeListAndWatchResourcesResponse) -> No
 def _validate_value(at: str, value: v1alpha2.NamedResourcesAttributeValue) -> None:
     fields = value.ListFields()
     if len(fields) != 1:
-        raise InvalidMessage(f"{at}.attributeValue: exactly one value must be set, got {len(fields)}")
+        raise InvalidMessage(
+            f"{at}.attributeValue: exactly one value must be set, got {len(fields)}"
+        )
     if value.HasField("quantity") and not _QUANTITY.match(value.quantity.string):
         raise InvalidMessage(
             f"{at}.attributeValue.quantity: {value.quantity.string!r}: not a valid quantity"

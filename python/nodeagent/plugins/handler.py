@@ -90,8 +90,9 @@ class PluginHandler(Protocol):
     plugin_type: str
     latest: LatestValue[Mapping[str, PluginData]]
 
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        ...
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None: ...
 
     def validate(self, plugin: PluginEndpoint) -> None:
         """Raise PluginValidationError if the plugin may not register."""

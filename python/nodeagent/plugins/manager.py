@@ -20,7 +20,12 @@ from nodeagent.plugins import metrics
 from nodeagent.plugins.backoff import ExponentialBackoff
 from nodeagent.plugins.bridge import GrpcBridge, GrpcChannel, RpcError
 from nodeagent.plugins.dra import DraHandler
-from nodeagent.plugins.handler import PluginData, PluginEndpoint, PluginHandler, PluginValidationError
+from nodeagent.plugins.handler import (
+    PluginData,
+    PluginEndpoint,
+    PluginHandler,
+    PluginValidationError,
+)
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.plugins.registry import ensure_registry_dir, scan_registry
 from nodeagent.plugins.reporter import ReporterHandler
@@ -285,7 +290,8 @@ class PluginManager:
             record.state = "rejected" if rejected else "failed"
             record.last_error = str(exc)
             outcome = "rejected" if rejected else "failed"
-            metrics.REGISTRATIONS.labels(type=record.plugin_type or "unknown", outcome=outcome).inc()
+            plugin_type = record.plugin_type or "unknown"
+            metrics.REGISTRATIONS.labels(type=plugin_type, outcome=outcome).inc()
             metrics.ERRORS.labels(kind=exc.kind).inc()
             if rejected:
                 record.rejected_generation = wanted.generation
@@ -329,7 +335,7 @@ class PluginManager:
         socket = wanted.socket
         async with self._bridge.channel(socket) as channel:
             try:
-                resolve_inside(self._root, socket)
+                self._check_path(socket)
                 await self._check_peer(socket)
             except _Rejected as exc:
                 await self._notify(channel, record, False, str(exc))
@@ -347,8 +353,7 @@ class PluginManager:
             handler = self._handlers.get(info.type)
             if handler is None:
                 reason = (
-                    f"no handler registered for plugin type: {info.type!r} "
-                    f"at socket path: {socket}"
+                    f"no handler registered for plugin type: {info.type!r} at socket path: {socket}"
                 )
                 await self._notify(channel, record, False, reason)
                 raise _Failed("unknown_type", reason)
@@ -356,7 +361,7 @@ class PluginManager:
             record.endpoint = endpoint
             try:
                 if endpoint != socket:
-                    endpoint = resolve_inside(self._root, endpoint)
+                    endpoint = self._check_path(endpoint)
                     await self._check_peer(endpoint)
             except _Rejected as exc:
                 await self._notify(channel, record, False, str(exc))
@@ -393,6 +398,12 @@ class PluginManager:
                 await self._notify(channel, record, False, reason)
                 raise _Failed("register", reason) from None
             await self._notify(channel, record, True, "")
+
+    def _check_path(self, path: str) -> str:
+        try:
+            return resolve_inside(self._root, path)
+        except EndpointRejected as exc:
+            raise _Rejected("endpoint_rejected", str(exc)) from None
 
     async def _check_peer(self, path: str) -> None:
         try:
@@ -503,4 +514,3 @@ class PluginManager:
             log.info("unresponsive plugin answers again", socket=socket)
             self._desired.force_new_generation(socket, identity)
             self._kick()
-

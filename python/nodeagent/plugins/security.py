@@ -65,14 +65,14 @@ def resolve_inside(root: str, path: str) -> str:
     return real
 
 
-async def peer_credentials(path: str, timeout: float) -> PeerCredentials:
+async def peer_credentials(path: str, connect_timeout: float) -> PeerCredentials:
     """Connect to unix socket `path` and read the listening process's credentials.
 
     OSError (e.g. connection refused) or trio.TooSlowError when the socket does not answer.
     """
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with sock:
-        with trio.fail_after(timeout):
+        with trio.fail_after(connect_timeout):
             await sock.connect(path)
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
     pid, uid, gid = _UCRED.unpack(raw)
