@@ -174,8 +174,10 @@ class KubeClient:
         token_reread_interval: float = 60.0,
         exec_skew: float = 300.0,
         rng: random.Random | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.config = config
+        self._transport = transport  # tests inject faults here; None: real connections
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
         self.watch_inactivity_timeout = watch_inactivity_timeout
@@ -235,6 +237,7 @@ class KubeClient:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
             headers={"Accept": _JSON, "User-Agent": "nodeagent"},
             trust_env=False,
+            transport=self._transport,
         )
         return _Http(client, fingerprint)
 
