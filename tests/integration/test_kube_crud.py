@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -107,10 +108,8 @@ async def test_typed_errors(admin_client: KubeClient, ns: str) -> None:
 
 
 async def _ensure_node(admin: KubeClient, name: str) -> None:
-    try:
+    with contextlib.suppress(errors.AlreadyExists):
         await admin.create(NODES, {"metadata": {"name": name, "labels": {"test": "yes"}}})
-    except errors.AlreadyExists:
-        pass
 
 
 async def test_node_identity_forbidden_on_other_node(
@@ -305,10 +304,8 @@ class _Crd(msgspec.Struct):
 
 
 async def _widgets(admin: KubeClient) -> Resource:
-    try:
+    with contextlib.suppress(errors.AlreadyExists):
         await admin.create(CUSTOMRESOURCEDEFINITIONS, _crd())
-    except errors.AlreadyExists:
-        pass
     with trio.fail_after(30):  # the apiserver establishes the CRD asynchronously
         while True:
             crd = await admin.get(CUSTOMRESOURCEDEFINITIONS, f"widgets.{CRD_GROUP}", into=_Crd)
