@@ -32,6 +32,7 @@ TEXT = "text/plain; charset=utf-8"
 JSON = "application/json"
 
 Response = tuple[int, bytes, str]
+_DRAIN_LIMIT = 256 * 1024
 
 
 class AgentView(Protocol):
@@ -142,6 +143,12 @@ class OpsServer:
         head_only = request is not None and request.method == "HEAD"
         with trio.move_on_after(self.settings.request_timeout):
             await stream.send_all(render_response(status, body, ctype, head_only=head_only))
+            await stream.send_eof()
+            # Lingering close: closing with unread request bytes makes the kernel send a RST,
+            # which can destroy the response before the client reads it.
+            drained = 0
+            while drained < _DRAIN_LIMIT and (chunk := await stream.receive_some(16384)):
+                drained += len(chunk)
 
     def dispatch(self, request: Request) -> Response:
         route = self._routes.get(request.path.rstrip("/") or "/")

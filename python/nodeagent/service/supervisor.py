@@ -82,6 +82,7 @@ class Supervisor:
         backoff_initial: float = 0.5,
         backoff_max: float = 60.0,
         reset_after: float = 120.0,
+        jitter: float = 0.2,
         rng: random.Random | None = None,
     ) -> None:
         names = [c.name for c in components]
@@ -89,7 +90,9 @@ class Supervisor:
             raise ValueError(f"component names must be unique: {names}")
         self.components = list(components)
         self.states = {c.name: ComponentState(c.name) for c in components}
-        self._backoff = Backoff(backoff_initial, backoff_max, rng=rng or random.Random())
+        self._backoff = Backoff(
+            backoff_initial, backoff_max, jitter=jitter, rng=rng or random.Random()
+        )
         self._reset_after = reset_after
         for name in names:
             COMPONENT_READY.labels(component=name).set(0)
