@@ -1,0 +1,17 @@
+"""Multi-kind, coalescing, bootstrap-gated snapshots of cluster objects over the Rust store."""
+
+from nodeagent.accumulator.accumulator import Accumulator, QueryForbiddenError, WatchClient
+from nodeagent.accumulator.model import Delta, DeltaType, ObjectKey, ObjectMap, Query
+from nodeagent.accumulator.settings import AccumulatorSettings
+
+__all__ = [
+    "Accumulator",
+    "AccumulatorSettings",
+    "Delta",
+    "DeltaType",
+    "ObjectKey",
+    "ObjectMap",
+    "Query",
+    "QueryForbiddenError",
+    "WatchClient",
+]

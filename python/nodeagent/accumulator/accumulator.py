@@ -1,0 +1,289 @@
+"""The accumulator: one coalescing, bootstrap-gated snapshot over several watched queries.
+
+    acc = Accumulator(client, [Query("cms", "v1", "ConfigMap", namespace="ns", into=ConfigMap)])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(acc.run)
+        snap = Snap()   # any object with one attribute per query name
+        while True:
+            await acc.changed()
+            deltas: list[Delta[Any]] = []
+            if acc.update(snap, deltas):
+                ...  # snap.cms is an ObjectMap[ConfigMap]
+
+Per query, the Rust store ingests the client's raw watch bytes and keeps the coalesced
+"changed since the last update()" set; update() decodes only the objects that changed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol
+
+import msgspec
+import trio
+
+from nodeagent.accumulator import metrics
+from nodeagent.accumulator.model import Delta, Query
+from nodeagent.accumulator.notifier import Notifier
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.accumulator.sink import StoreSink
+from nodeagent.accumulator.view import QueryView
+from nodeagent.kube import errors as kube_errors
+from nodeagent.kube.client import WriteEvent
+from nodeagent.kube.resource import Resource
+from nodeagent.kube.watch import WatchSink
+from nodeagent.log import get_logger
+
+log = get_logger(__name__)
+
+
+class WatchClient(Protocol):
+    """The part of `nodeagent.kube.KubeClient` the accumulator uses."""
+
+    async def run_watch(
+        self,
+        resource: Resource,
+        sink: WatchSink,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        on_synced: Callable[[], None] | None = None,
+    ) -> NoReturn: ...
+
+    async def discover(self, api_version: str, kind: str) -> Resource: ...
+
+    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None: ...
+
+
+class QueryForbiddenError(Exception):
+    """A query's list is Forbidden and `forbidden_fatal` is set."""
+
+
+class _Field:
+    def __init__(self, query: Query[Any], view: QueryView, sink: StoreSink) -> None:
+        self.query = query
+        self.view = view
+        self.sink = sink
+        self.resource: Resource | None = query.kind if isinstance(query.kind, Resource) else None
+        self.problem: str | None = None
+
+
+class Accumulator:
+    def __init__(
+        self,
+        client: WatchClient,
+        queries: Sequence[Query[Any]],
+        settings: AccumulatorSettings | None = None,
+    ) -> None:
+        self.settings = settings or AccumulatorSettings()
+        self.settings.validate()
+        if not queries:
+            raise ValueError("an accumulator needs at least one query")
+        names = [q.name for q in queries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"query names must be unique: {names}")
+        self._client = client
+        self._notifier = Notifier(self.settings.max_interval, self._offer_ready)
+        self._fields: list[_Field] = []
+        for q in queries:
+            view = QueryView(q)
+            sink = StoreSink(
+                q.name, view.store, self._notifier.poke, self.settings.thread_threshold
+            )
+            self._fields.append(_Field(q, view, sink))
+            metrics.SYNCED.labels(q.name).set(0)
+            metrics.FORBIDDEN.labels(q.name).set(0)
+        self._first_update = True
+        client.add_write_observer(self._on_write)
+
+    # -- state --------------------------------------------------------------------------
+
+    @property
+    def bootstrapped(self) -> bool:
+        """Every query has completed its initial list."""
+        return all(f.sink.synced for f in self._fields)
+
+    def not_ready_reason(self) -> str | None:
+        """Why the snapshot is not (fully) trustworthy, for readiness; None when it is."""
+        reasons = [f"{f.query.name}: {f.problem}" for f in self._fields if f.problem]
+        reasons += [f"{f.query.name}: not synced" for f in self._fields if not f.sink.synced]
+        return "; ".join(reasons) or None
+
+    def _pending(self) -> bool:
+        return self._first_update or any(f.view.store.pending() for f in self._fields)
+
+    def _offer_ready(self) -> bool:
+        return (
+            self.bootstrapped and not any(f.sink.listing for f in self._fields) and self._pending()
+        )
+
+    # -- consumer API -------------------------------------------------------------------
+
+    async def changed(self) -> None:
+        """Returns when `update()` has something new (level-triggered: one return covers every
+        change since the last update)."""
+        await self._notifier.wait()
+
+    def update(self, target: object, deltas: list[Delta[Any]] | None = None) -> bool:
+        """Sets one attribute of ``target`` per query (an `ObjectMap`) and, if given, fills
+        ``deltas`` with the coalesced changes since the last call. Returns whether anything
+        changed; the first call after bootstrap always returns True. Before bootstrap it
+        returns False and leaves ``target`` alone."""
+        if deltas is not None:
+            deltas.clear()
+        if not self.bootstrapped:
+            return False
+        for f in self._fields:
+            if not hasattr(target, f.query.name):
+                raise AttributeError(
+                    f"snapshot {type(target).__name__} has no field {f.query.name!r}"
+                )
+        t0 = time.perf_counter()
+        changed = self._first_update
+        for f in self._fields:
+            got = f.view.drain()
+            if got:
+                changed = True
+                if deltas is not None:
+                    deltas.extend(got)
+        for f in self._fields:
+            setattr(target, f.query.name, f.view.view)
+        self._first_update = False
+        if not self._pending():
+            self._notifier.clear()
+        metrics.UPDATE_SECONDS.observe(time.perf_counter() - t0)
+        return changed
+
+    # -- running ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Runs every query's watch until cancelled. Raises `QueryForbiddenError` when a list
+        is Forbidden and `forbidden_fatal` is set."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._notifier.run)
+            nursery.start_soon(self._expire_loop)
+            for f in self._fields:
+                nursery.start_soon(self._watch, f)
+            task_status.started()
+
+    async def _resolve(self, f: _Field) -> Resource:
+        delay = 1.0
+        while f.resource is None:
+            assert isinstance(f.query.kind, str)
+            try:
+                f.resource = await self._client.discover(f.query.api_version, f.query.kind)
+            except (kube_errors.KubeError, OSError) as exc:
+                f.problem = f"discovery failed: {exc}"
+                log.warning(
+                    "cannot resolve query kind: retrying",
+                    query=f.query.name,
+                    api_version=f.query.api_version,
+                    kind=f.query.kind,
+                    error=str(exc),
+                    retry_in=delay,
+                )
+                await trio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        f.problem = None
+        return f.resource
+
+    async def _watch(self, f: _Field) -> None:
+        resource = await self._resolve(f)
+        q = f.query
+        namespace = q.namespace if resource.namespaced else None
+        while True:
+            try:
+                await self._client.run_watch(
+                    resource,
+                    f.sink,
+                    namespace=namespace,
+                    label_selector=q.label_selector,
+                    field_selector=q.field_selector,
+                )
+            except kube_errors.Forbidden as exc:
+                f.problem = f"list forbidden: {exc.message}"
+                metrics.FORBIDDEN.labels(q.name).set(1)
+                log.error(
+                    "query list forbidden: serving it as empty",
+                    query=q.name,
+                    resource=resource.plural,
+                    namespace=namespace,
+                    error=str(exc),
+                    fatal=self.settings.forbidden_fatal,
+                )
+                if self.settings.forbidden_fatal:
+                    raise QueryForbiddenError(f"query {q.name}: {exc}") from exc
+                f.sink.mark_synced()
+                await trio.sleep(self.settings.forbidden_retry)
+                metrics.FORBIDDEN.labels(q.name).set(0)
+                f.problem = None
+
+    async def _expire_loop(self) -> None:
+        period = self.settings.local_write_ttl / 4
+        while True:
+            await trio.sleep(period)
+            now = trio.current_time()
+            for f in self._fields:
+                n = f.view.store.expire(now)
+                if n:
+                    metrics.LOCAL_EXPIRED.labels(f.query.name).inc(n)
+                    log.warning(
+                        "own writes never confirmed by the watch: dropped",
+                        query=f.query.name,
+                        count=n,
+                    )
+                    self._notifier.poke()
+
+    # -- read-your-writes ---------------------------------------------------------------
+
+    def _on_write(self, ev: WriteEvent) -> None:
+        doc: dict[str, Any] | None = None
+        try:
+            now = trio.current_time()
+        except RuntimeError:
+            now = -math.inf  # outside Trio: nothing to order against, expire on the next sweep
+        deadline = now + self.settings.local_write_ttl
+        for f in self._fields:
+            r = f.resource
+            if r is None or (r.group, r.plural) != (ev.resource.group, ev.resource.plural):
+                continue
+            q = f.query
+            ns = ev.namespace or ""
+            if q.namespace is not None and r.namespaced and ns != q.namespace:
+                continue
+            if ev.obj is None:
+                changed = f.view.store.delete_local(ns, ev.name, deadline)
+            else:
+                if doc is None:
+                    try:
+                        doc = msgspec.json.decode(ev.obj)
+                    except msgspec.DecodeError as exc:
+                        metrics.MALFORMED.labels(q.name, "local_write").inc()
+                        log.error("own write result is not JSON", query=q.name, error=str(exc))
+                        return
+                if self._selects(q, doc):
+                    try:
+                        changed = f.view.store.apply_local(ev.obj, deadline)
+                    except ValueError as exc:
+                        metrics.MALFORMED.labels(q.name, "local_write").inc()
+                        log.error("own write result rejected", query=q.name, error=str(exc))
+                        continue
+                else:
+                    # The write took the object out of this query's selection.
+                    changed = f.view.store.delete_local(ns, ev.name, deadline)
+            if changed:
+                metrics.LOCAL_WRITES.labels(q.name).inc()
+                self._notifier.poke()
+
+    @staticmethod
+    def _selects(q: Query[Any], doc: Any) -> bool:
+        if not isinstance(doc, dict):
+            return False
+        meta = doc.get("metadata")
+        labels = meta.get("labels") if isinstance(meta, dict) else None
+        return q.labels.matches(labels if isinstance(labels, dict) else {}) and q.fields.matches(
+            doc
+        )

@@ -1,0 +1,89 @@
+"""The `WatchSink` of one query: hands the client's raw bytes to the Rust store and reports
+what the store rejected. Large inputs are parsed in a worker thread (the store releases the
+GIL), small ones inline, where a thread hop would cost more than the parse."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+
+from nodeagent._native import Store
+from nodeagent.accumulator import metrics
+from nodeagent.kube.watch import FeedResult, WatchError
+from nodeagent.log import get_logger
+
+log = get_logger(__name__)
+
+R = TypeVar("R")
+
+
+class StoreSink:
+    def __init__(
+        self, query: str, store: Store, on_change: Callable[[], None], thread_threshold: int
+    ) -> None:
+        self.query = query
+        self.store = store
+        self.on_change = on_change
+        self.thread_threshold = thread_threshold
+        # True from begin_list until end_list: the store may hold a half-applied relist.
+        self.listing = False
+        # The first list has completed (or was Forbidden and counts as empty).
+        self.synced = False
+        self.relists = 0
+
+    async def _run(self, fn: Callable[[bytes], R], data: bytes) -> R:
+        if len(data) >= self.thread_threshold:
+            return await trio.to_thread.run_sync(fn, data)
+        return fn(data)
+
+    async def begin_list(self) -> None:
+        self.store.begin_list()
+        self.listing = True
+
+    async def list_page(self, page: bytes) -> None:
+        try:
+            _items, malformed = await self._run(self.store.list_page, page)
+        except ValueError as exc:
+            metrics.MALFORMED.labels(self.query, "list_page").inc()
+            log.error(
+                "malformed list page: nothing will be deleted by this relist",
+                query=self.query,
+                error=str(exc),
+            )
+            return
+        for msg in malformed:
+            metrics.MALFORMED.labels(self.query, "list_item").inc()
+            log.error("malformed list item skipped", query=self.query, error=msg)
+
+    async def end_list(self, resource_version: str) -> None:
+        gone = self.store.end_list(resource_version)
+        self.listing = False
+        if self.synced:
+            self.relists += 1
+            log.info("relist complete", query=self.query, vanished=gone)
+        self.mark_synced()
+
+    def mark_synced(self) -> None:
+        self.listing = False
+        if not self.synced:
+            self.synced = True
+            metrics.SYNCED.labels(self.query).set(1)
+        self.on_change()
+
+    async def feed(self, chunk: bytes) -> FeedResult:
+        rv, error, events, malformed = await self._run(self.store.feed, chunk)
+        for msg in malformed:
+            metrics.MALFORMED.labels(self.query, "event").inc()
+            log.error("malformed watch event skipped", query=self.query, error=msg)
+        if events and self.store.pending():
+            self.on_change()
+        return FeedResult(
+            resource_version=rv,
+            error=WatchError(*error) if error is not None else None,
+            events=events,
+        )
+
+    async def end_stream(self) -> None:
+        self.store.end_stream()
