@@ -312,21 +312,6 @@ class PluginManager:
                     error=str(exc),
                     retry_in=backoff.duration,
                 )
-        else:
-            self._backoff.pop(socket, None)
-            record.state = "registered"
-            record.last_error = ""
-            record.probe_failures = 0
-            record.registered_type = record.plugin_type
-            metrics.REGISTRATIONS.labels(type=record.plugin_type, outcome="success").inc()
-            metrics.REGISTERED.labels(type=record.plugin_type).inc()
-            log.info(
-                "plugin registered",
-                socket=socket,
-                name=record.name,
-                type=record.plugin_type,
-                endpoint=record.endpoint,
-            )
         finally:
             self._busy.discard(socket)
             self._kick()
@@ -397,7 +382,24 @@ class PluginManager:
                 reason = f"RegisterPlugin error -- plugin registration failed with err: {exc}"
                 await self._notify(channel, record, False, reason)
                 raise _Failed("register", reason) from None
+            self._registered(record)
             await self._notify(channel, record, True, "")
+
+    def _registered(self, record: _Record) -> None:
+        self._backoff.pop(record.socket, None)
+        record.state = "registered"
+        record.last_error = ""
+        record.probe_failures = 0
+        record.registered_type = record.plugin_type
+        metrics.REGISTRATIONS.labels(type=record.plugin_type, outcome="success").inc()
+        metrics.REGISTERED.labels(type=record.plugin_type).inc()
+        log.info(
+            "plugin registered",
+            socket=record.socket,
+            name=record.name,
+            type=record.plugin_type,
+            endpoint=record.endpoint,
+        )
 
     def _check_path(self, path: str) -> str:
         try:
