@@ -139,6 +139,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         trio.run(Agent(config).run)
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130
+    except ConfigError as exc:  # found while starting, e.g. an unusable kubeconfig
+        return _config_failure(exc)
     except FatalError as exc:
         log.error("fatal error", error=str(exc))
         return EXIT_FATAL

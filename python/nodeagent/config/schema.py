@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 
+from nodeagent.kube.settings import KubeSettings
+from nodeagent.plugins.settings import PluginSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings
-
-if TYPE_CHECKING:
-    from nodeagent.config._fallback import KubeSettings, PluginSettings
-else:
-    try:
-        from nodeagent.plugins.settings import PluginSettings
-    except ImportError:  # PLACEHOLDER until the plugins package lands
-        from nodeagent.config._fallback import PluginSettings
-    try:
-        from nodeagent.kube.settings import KubeSettings
-    except ImportError:  # PLACEHOLDER until the kube package lands
-        from nodeagent.config._fallback import KubeSettings
 
 __all__ = ["AgentSettings", "Config", "KubeSettings", "OpsSettings", "PluginSettings"]
 

@@ -8,7 +8,6 @@ enforces that deadline even if a cleanup hangs, and a second signal exits at onc
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -23,6 +22,8 @@ from nodeagent import __version__
 from nodeagent.config.render import to_builtins
 from nodeagent.config.schema import Config
 from nodeagent.log import get_logger
+from nodeagent.plugins.bridge import open_grpc_bridge
+from nodeagent.plugins.manager import PluginManager
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.component import Component, FatalError
 from nodeagent.service.components import PluginsComponent
@@ -36,28 +37,6 @@ log = get_logger(__name__)
 
 EXIT_SHUTDOWN_TIMEOUT = 1
 ShutdownHook = Callable[[], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def _open_bridge() -> AsyncIterator[Any]:
-    try:
-        from nodeagent.plugins.bridge import open_grpc_bridge
-    except ImportError:  # PLACEHOLDER until the plugins package lands
-        yield None
-        return
-    async with open_grpc_bridge() as bridge:
-        yield bridge
-
-
-def _plugin_components(config: Config, bridge: Any) -> list[Component]:
-    if bridge is None:
-        return []
-    try:
-        from nodeagent.plugins.manager import PluginManager
-    except ImportError:  # PLACEHOLDER until the plugins package lands
-        return []
-
-    return [PluginsComponent(PluginManager(config.plugins, bridge))]
 
 
 def _hard_exit(code: int, message: str) -> None:
@@ -102,6 +81,8 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        # Static-configuration problems (an unusable kubeconfig) surface before anything starts.
+        self.cluster.preflight()
         self._prepare_state_dir()
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async with trio.open_nursery() as outer:
@@ -148,17 +129,11 @@ class Agent:
             ) from exc
 
     async def _serve(self) -> None:
-        async with _open_bridge() as bridge:
-            plugin_components = _plugin_components(self.config, bridge)
-            if plugin_components:
-                component = plugin_components[0]
-                assert isinstance(component, PluginsComponent)
-                self.plugins_component = component
-            else:
-                log.warning("plugin manager not available in this build")
+        async with open_grpc_bridge() as bridge:
+            self.plugins_component = PluginsComponent(PluginManager(self.config.plugins, bridge))
             agent = self.config.agent
             self.supervisor = Supervisor(
-                [*plugin_components, self.cluster, *self.extra_components],
+                [self.plugins_component, self.cluster, *self.extra_components],
                 backoff_initial=agent.restart_backoff_initial,
                 backoff_max=agent.restart_backoff_max,
                 reset_after=agent.restart_backoff_reset_after,

@@ -8,13 +8,13 @@ need the client arrive with later issues and take it from here.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
-from typing import Any
 
+import msgspec
 import trio
 
-from nodeagent.config.schema import KubeSettings
+from nodeagent.kube.client import KubeClient
+from nodeagent.kube.settings import KubeSettings, load_client
 from nodeagent.log import get_logger
 from nodeagent.service.component import Readiness
 
@@ -22,26 +22,21 @@ log = get_logger(__name__)
 
 STANDALONE_REASON = "standalone: no cluster configured"
 
-LoadClient = Callable[[KubeSettings], Any]
-Probe = Callable[[Any], Awaitable[str]]
+LoadClient = Callable[[KubeSettings], KubeClient | None]
+Probe = Callable[[KubeClient], Awaitable[str]]
 
 
-def _default_load_client(settings: KubeSettings) -> Any:
-    try:
-        from nodeagent.kube.settings import load_client
-    except ImportError:  # PLACEHOLDER until the kube package lands: standalone only
-        if settings.kubeconfig is None and not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return None
-        raise
-
-    return load_client(settings)
+class _Version(msgspec.Struct):
+    git_version: str = msgspec.field(default="unknown", name="gitVersion")
 
 
-async def _default_probe(client: Any) -> str:
-    """GET /version and /readyz; returns the server's gitVersion."""
-    version = await client.version()
-    await client.readyz()
-    return str(version.get("gitVersion", "unknown"))
+async def probe_apiserver(client: KubeClient) -> str:
+    """GET /version and /readyz (both readable by any authenticated identity, node identities
+    included); returns the server's gitVersion."""
+    body = await client.request("GET", "/version", verb="get", resource="version")
+    version = msgspec.json.decode(body, type=_Version).git_version
+    await client.request("GET", "/readyz", verb="get", resource="readyz")
+    return version
 
 
 class ClusterComponent:
@@ -51,8 +46,8 @@ class ClusterComponent:
         self,
         settings: KubeSettings,
         *,
-        load_client: LoadClient = _default_load_client,
-        probe: Probe = _default_probe,
+        load_client: LoadClient = load_client,
+        probe: Probe = probe_apiserver,
         probe_interval: float = 30.0,
     ) -> None:
         self.settings = settings
@@ -60,9 +55,14 @@ class ClusterComponent:
         self._probe = probe
         self.probe_interval = probe_interval
         self.mode: str = "unknown"
-        self.client: Any = None
+        self.client: KubeClient | None = None
         self.server_version: str | None = None
         self._ready: Readiness = (False, "connecting")
+
+    def preflight(self) -> None:
+        """Build (not connect) the client once, so an unusable kubeconfig is a start-up
+        configuration error rather than a component restarting forever. Raises ConfigError."""
+        self.mode = "standalone" if self._load_client(self.settings) is None else "cluster"
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         client = self._load_client(self.settings)
@@ -84,7 +84,7 @@ class ClusterComponent:
             finally:
                 self.client = None
 
-    async def _check(self, client: Any) -> None:
+    async def _check(self, client: KubeClient) -> None:
         try:
             version = await self._probe(client)
         except Exception as exc:
