@@ -135,8 +135,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     log = get_logger("nodeagent")
     log.info("configuration loaded", source=source or "defaults", version=__version__)
+    agent = Agent(config)
     try:
-        trio.run(Agent(config).run)
+        trio.run(agent.run)
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130
     except ConfigError as exc:  # found while starting, e.g. an unusable kubeconfig
@@ -153,7 +154,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise
         log.exception("agent crashed", error=describe(exc))
         return EXIT_FATAL
-    return EXIT_OK
+    return EXIT_OK if agent.shutdown_complete else EXIT_FATAL
 
 
 def _status_address(args: argparse.Namespace) -> str:

@@ -24,6 +24,7 @@ from nodeagent.config.schema import Config
 from nodeagent.log import get_logger
 from nodeagent.plugins.bridge import open_grpc_bridge
 from nodeagent.plugins.manager import PluginManager
+from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.component import Component, FatalError
 from nodeagent.service.components import PluginsComponent
@@ -36,6 +37,9 @@ from nodeagent.service.supervisor import ComponentReport, Supervisor
 log = get_logger(__name__)
 
 EXIT_SHUTDOWN_TIMEOUT = 1
+# Past the deadline the hooks are cut short; this much later a thread ends a process whose loop
+# could not even get there (stuck loop, shielded cleanup that never returns).
+HARD_EXIT_GRACE = 2.0
 ShutdownHook = Callable[[], Awaitable[None]]
 
 
@@ -68,11 +72,15 @@ class Agent:
         self.supervisor: Supervisor | None = None
         self.plugins_component: PluginsComponent | None = None
         self.shutdown_hooks: list[ShutdownHook] = []
+        if debug.hang_shutdown():
+            self.shutdown_hooks.append(debug.hanging_shutdown_hook)
+        self.shutdown_complete = True
         self.started_wall = time.time()
         self.started_at: float | None = None
         self._main_scope = trio.CancelScope()
         self._shutdown_started = False
         self._hard_timer: threading.Timer | None = None
+        self._deadline: float | None = None
 
     def add_shutdown_hook(self, hook: ShutdownHook) -> None:
         """Called after the components are cancelled, in order, within the shutdown deadline."""
@@ -81,6 +89,8 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Run until a signal (or `request_shutdown`); `shutdown_complete` tells whether every
+        shutdown hook finished within the deadline."""
         # Static-configuration problems (an unusable kubeconfig) surface before anything starts.
         self.cluster.preflight()
         self._prepare_state_dir()
@@ -103,7 +113,7 @@ class Agent:
         log.info("shutting down", reason=reason, timeout=timeout)
         self.notifier.stopping(f"stopping: {reason}")
         self._hard_timer = threading.Timer(
-            timeout,
+            timeout + HARD_EXIT_GRACE,
             _hard_exit,
             (EXIT_SHUTDOWN_TIMEOUT, f"shutdown did not finish within {timeout:g}s; exiting"),
         )
@@ -183,7 +193,9 @@ class Agent:
     async def _run_shutdown_hooks(self) -> None:
         if not self.shutdown_hooks:
             return
-        deadline = getattr(self, "_deadline", trio.current_time() + 1.0)
+        deadline = self._deadline
+        if deadline is None:  # the main scope ended without a shutdown request
+            deadline = trio.current_time() + self.config.agent.shutdown_timeout
         with trio.move_on_at(deadline) as scope:
             for hook in self.shutdown_hooks:
                 try:
@@ -191,7 +203,11 @@ class Agent:
                 except Exception as exc:
                     log.exception("shutdown hook failed", hook=repr(hook), error=str(exc))
         if scope.cancelled_caught:
-            log.error("shutdown hooks cut short by the deadline")
+            self.shutdown_complete = False
+            log.error(
+                "shutdown hooks cut short by the deadline",
+                timeout=self.config.agent.shutdown_timeout,
+            )
 
     # -- AgentView (what the ops endpoint shows) ---------------------------------------------
 

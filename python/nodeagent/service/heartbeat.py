@@ -12,14 +12,11 @@ import time
 import trio
 
 from nodeagent.log import get_logger
+from nodeagent.service import debug
 from nodeagent.service.metrics import LOOP_LAG
 from nodeagent.service.sdnotify import Notifier
 
 log = get_logger(__name__)
-
-# TEST-ONLY: while the file named here exists, each tick blocks the whole Trio loop (time.sleep),
-# so tests can prove the watchdog stops. Never set it in production.
-DEBUG_BLOCK_LOOP_ENV = "NODEAGENT_DEBUG_BLOCK_LOOP_FILE"
 
 
 class Heartbeat:
@@ -46,7 +43,7 @@ class Heartbeat:
             interval,
             notifier,
             stale_after=stale_after,
-            block_file=os.environ.get(DEBUG_BLOCK_LOOP_ENV) or None,
+            block_file=debug.block_loop_file(),
         )
 
     def liveness(self) -> tuple[bool, float | None]:
@@ -81,6 +78,7 @@ class Heartbeat:
     def _tick(self, now: float) -> None:
         self.last_tick = now
         self.ticks += 1
+        # TEST-ONLY hook (see service/debug.py): simulate a stuck loop.
         if self.block_file is not None and os.path.exists(self.block_file):
             log.warning("debug hook: blocking the main loop", file=self.block_file)
             while os.path.exists(self.block_file):

@@ -1,0 +1,35 @@
+"""TEST-ONLY hooks, enabled by environment variables that production never sets.
+
+They let the process tests reproduce situations that are otherwise timing-dependent:
+- `NODEAGENT_DEBUG_BLOCK_LOOP_FILE=PATH`: while PATH exists, the heartbeat tick blocks the whole
+  Trio loop (a stuck main loop), so the systemd watchdog ping must stop.
+- `NODEAGENT_DEBUG_HANG_SHUTDOWN=1`: a shutdown hook that never returns, so a second signal and
+  the shutdown deadline can be observed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import trio
+
+from nodeagent.log import get_logger
+
+log = get_logger(__name__)
+
+BLOCK_LOOP_ENV = "NODEAGENT_DEBUG_BLOCK_LOOP_FILE"
+HANG_SHUTDOWN_ENV = "NODEAGENT_DEBUG_HANG_SHUTDOWN"
+
+
+def block_loop_file(env: Mapping[str, str] | None = None) -> str | None:
+    return (os.environ if env is None else env).get(BLOCK_LOOP_ENV) or None
+
+
+def hang_shutdown(env: Mapping[str, str] | None = None) -> bool:
+    return (os.environ if env is None else env).get(HANG_SHUTDOWN_ENV) == "1"
+
+
+async def hanging_shutdown_hook() -> None:
+    log.warning("debug hook: shutdown hook hangs until the deadline")
+    await trio.sleep_forever()

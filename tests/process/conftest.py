@@ -1,0 +1,159 @@
+"""Helpers to run `python -m nodeagent run` as a real subprocess with a test notify socket."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+START_TIMEOUT = 30.0
+
+
+class NotifyListener:
+    """The systemd side of sd_notify: a datagram socket that collects every message."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = str(path)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(self.path)
+        self.messages: list[tuple[float, dict[str, str]]] = []
+
+    def _receive(self, timeout: float) -> bool:
+        self.sock.settimeout(max(timeout, 0.001))
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            return False
+        fields = dict(line.split("=", 1) for line in data.decode().split("\n") if "=" in line)
+        self.messages.append((time.monotonic(), fields))
+        return True
+
+    def wait_for(
+        self, key: str, value: str = "1", timeout: float = START_TIMEOUT
+    ) -> dict[str, str]:
+        """The first message (already seen or new) with key=value; fails after `timeout`."""
+        for _, fields in self.messages:
+            if fields.get(key) == value:
+                return fields
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if self._receive(left) and self.messages[-1][1].get(key) == value:
+                return self.messages[-1][1]
+        raise AssertionError(f"no {key}={value} within {timeout}s; got {self.messages}")
+
+    def collect(self, seconds: float) -> list[tuple[float, dict[str, str]]]:
+        """Everything received during the next `seconds`."""
+        start = len(self.messages)
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            self._receive(left)
+        return self.messages[start:]
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@dataclass
+class AgentProcess:
+    proc: subprocess.Popen[str]
+    notify: NotifyListener
+    state_dir: Path
+    ops_address: str = ""
+    stderr_text: str = field(default="")
+
+    def wait_ready(self) -> dict[str, str]:
+        fields = self.notify.wait_for("READY")
+        match = re.search(r"ops on (\S+)", fields.get("STATUS", ""))
+        assert match, fields
+        self.ops_address = match.group(1)
+        return fields
+
+    def get(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
+        url = f"http://{self.ops_address}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            self.proc.wait(timeout)
+        finally:
+            if self.proc.returncode is None:
+                self.proc.kill()
+                self.proc.wait()
+        assert self.proc.stderr is not None
+        self.stderr_text = self.proc.stderr.read()
+        return self.proc.returncode
+
+
+StartAgent = Callable[..., AgentProcess]
+
+
+def nodeagent_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nodeagent", *args]
+
+
+@pytest.fixture
+def start_agent(tmp_path: Path) -> Iterator[StartAgent]:
+    started: list[AgentProcess] = []
+
+    def start(
+        *args: str,
+        env: dict[str, str] | None = None,
+        watchdog_usec: int | None = None,
+        config: str | None = None,
+    ) -> AgentProcess:
+        index = len(started)
+        notify = NotifyListener(tmp_path / f"notify-{index}")
+        state_dir = tmp_path / f"state-{index}"
+        full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))
+        }
+        full_env.pop("KUBERNETES_SERVICE_HOST", None)
+        full_env["NOTIFY_SOCKET"] = notify.path
+        if watchdog_usec is not None:
+            full_env["WATCHDOG_USEC"] = str(watchdog_usec)
+        full_env.update(env or {})
+        command: Sequence[str] = nodeagent_command(
+            "run",
+            "--state-dir",
+            str(state_dir),
+            "--ops-address",
+            "127.0.0.1:0",
+            *args,
+        )
+        if config is not None:
+            path = tmp_path / f"config-{index}.toml"
+            path.write_text(config)
+            command = [*command, "--config", str(path)]
+        proc = subprocess.Popen(
+            command, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        agent = AgentProcess(proc, notify, state_dir)
+        started.append(agent)
+        return agent
+
+    yield start
+    for agent in started:
+        if agent.proc.poll() is None:
+            agent.proc.send_signal(signal.SIGKILL)
+            agent.proc.wait()
+        if agent.proc.stderr is not None:
+            agent.proc.stderr.close()
+        agent.notify.close()
