@@ -74,7 +74,9 @@ def test_invalid_config_file_exits_2_naming_the_field(start_agent: StartAgent) -
 def test_unusable_kubeconfig_exits_2(start_agent: StartAgent, tmp_path: Path) -> None:
     agent = start_agent("--kubeconfig", str(tmp_path / "missing-kubeconfig"))
     assert agent.wait(timeout=30) == 2
-    assert "invalid configuration: kube" in agent.stderr_text
+    assert f"invalid configuration: kube.kubeconfig: '{tmp_path}/missing-kubeconfig'" in (
+        agent.stderr_text
+    )
 
 
 def test_cannot_bind_ops_port_is_fatal(start_agent: StartAgent) -> None:

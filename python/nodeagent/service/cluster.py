@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 import msgspec
 import trio
 
+from nodeagent.config.errors import ConfigError
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.settings import KubeSettings, load_client
 from nodeagent.log import get_logger
@@ -62,7 +63,12 @@ class ClusterComponent:
     def preflight(self) -> None:
         """Build (not connect) the client once, so an unusable kubeconfig is a start-up
         configuration error rather than a component restarting forever. Raises ConfigError."""
-        self.mode = "standalone" if self._load_client(self.settings) is None else "cluster"
+        try:
+            client = self._load_client(self.settings)
+        except ConfigError as exc:
+            field = exc.field if exc.field.startswith("kube.") else f"kube.{exc.field}"
+            raise ConfigError(field, exc.value, exc.rule) from exc
+        self.mode = "standalone" if client is None else "cluster"
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         client = self._load_client(self.settings)
