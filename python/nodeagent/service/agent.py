@@ -67,7 +67,9 @@ class Agent:
             stale_after=config.agent.healthz_stale_after,
         )
         self.ops = OpsServer(config.ops, self)
-        self.cluster = cluster or ClusterComponent(config.kube)
+        self.cluster = cluster or ClusterComponent(
+            config.kube, probe_interval=config.agent.cluster_probe_interval
+        )
         self.extra_components = list(extra_components)
         self.supervisor: Supervisor | None = None
         self.plugins_component: PluginsComponent | None = None

@@ -43,6 +43,8 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     restart_backoff_max: float = 60.0
     # A component that ran this long before failing starts its backoff again from the beginning.
     restart_backoff_reset_after: float = 120.0
+    # Seconds between apiserver reachability probes (GET /version, /readyz) in cluster mode.
+    cluster_probe_interval: float = 30.0
 
     def validate(self) -> None:
         if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.match(self.node_name):
@@ -71,6 +73,7 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 f"must be >= agent.restart_backoff_initial ({self.restart_backoff_initial:g})",
             )
         _positive("agent.restart_backoff_reset_after", self.restart_backoff_reset_after)
+        _positive("agent.cluster_probe_interval", self.cluster_probe_interval, maximum=3600)
 
 
 def parse_address(address: str) -> tuple[str, int]:

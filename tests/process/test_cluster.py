@@ -1,0 +1,67 @@
+"""`nodeagent run --kubeconfig` against the real kube-apiserver of the test harness."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.process.conftest import AgentProcess, StartAgent
+from tests.support.apiserver import ApiServer, start_apiserver
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    srv = start_apiserver(tmp_path_factory.mktemp("apiserver"))
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def wait_readyz(agent: AgentProcess, expect_code: int, text: str, timeout: float = 30) -> str:
+    """Poll the real process's /readyz until it answers `expect_code` with `text` in the body."""
+    deadline = time.monotonic() + timeout
+    last = (0, "")
+    while time.monotonic() < deadline:
+        last = agent.get("/readyz?verbose")
+        if last[0] == expect_code and text in last[1]:
+            return last[1]
+        time.sleep(0.2)
+    raise AssertionError(f"/readyz never gave {expect_code} with {text!r}; last: {last}")
+
+
+def test_connects_with_node_credentials_and_tracks_apiserver_outage(
+    apiserver: ApiServer, start_agent: StartAgent
+) -> None:
+    agent = start_agent(
+        "--kubeconfig",
+        str(apiserver.kubeconfig("node-a")),
+        "--node-name",
+        "node-a",
+        "--set",
+        "agent.cluster_probe_interval=0.5",
+        "--set",
+        "kube.max_attempts=1",
+        "--set",
+        "kube.request_timeout=2",
+    )
+    agent.wait_ready()
+    body = wait_readyz(agent, 200, "[+]kube ok: connected (apiserver v")
+    assert "[+]plugins ok" in body
+    status = json.loads(agent.get("/v1/status")[1])
+    assert (status["mode"], status["node"]) == ("cluster", "node-a")
+
+    apiserver.stop_apiserver()
+    try:
+        wait_readyz(agent, 503, "[-]kube not ready: apiserver unreachable")
+        assert agent.get("/healthz")[0] == 200  # liveness is not cluster health
+    finally:
+        apiserver.start_apiserver()
+    wait_readyz(agent, 200, "[+]kube ok: connected")
+
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
