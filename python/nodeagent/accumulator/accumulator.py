@@ -207,7 +207,7 @@ class Accumulator:
                 f.problem = f"list forbidden: {exc.message}"
                 metrics.FORBIDDEN.labels(q.name).set(1)
                 log.error(
-                    "query list forbidden: serving it as empty",
+                    "query list forbidden",
                     query=q.name,
                     resource=resource.plural,
                     namespace=namespace,

@@ -42,7 +42,7 @@ class Delta(Generic[T]):
     obj: T
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: Query[T](...) must be able to set __orig_class__
 class Query(Generic[T]):
     """What to watch, and how to present it.
 
