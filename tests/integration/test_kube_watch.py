@@ -49,7 +49,7 @@ class GatedClient(KubeClient):
         outer = super().stream
 
         class _CM:
-            async def __aenter__(cm) -> httpx.Response:  # noqa: N805
+            async def __aenter__(cm) -> httpx.Response:
                 await self._gated_wait()
                 self.watch_params.append(params)
                 if self.notify is not None:
@@ -57,7 +57,7 @@ class GatedClient(KubeClient):
                 cm.inner = outer(path, params, **kwargs)
                 return await cm.inner.__aenter__()
 
-            async def __aexit__(cm, *exc: Any) -> bool | None:  # noqa: N805
+            async def __aexit__(cm, *exc: Any) -> bool | None:
                 return await cm.inner.__aexit__(*exc)
 
         return _CM()
@@ -95,8 +95,8 @@ class RecordingCache(ObjectCache):
         self.changed.set()
         return result
 
-    async def wait_for(self, predicate: Any, timeout: float = 30) -> None:
-        with trio.fail_after(timeout):
+    async def wait_for(self, predicate: Any, limit: float = 30) -> None:
+        with trio.fail_after(limit):
             while not predicate():
                 self.changed = trio.Event()
                 await self.changed.wait()
@@ -134,7 +134,7 @@ async def test_bookmarks_advance_rv_and_reconnect_resumes_without_relist(
             CONFIGMAPS, _cm(f"other-{uuid.uuid4().hex[:6]}"), "default"
         )
         other_rv = int(json.loads(other)["metadata"]["resourceVersion"])
-        await sink.wait_for(lambda: len(client.watch_params) >= 3, timeout=40)
+        await sink.wait_for(lambda: len(client.watch_params) >= 3, limit=40)
         nursery.cancel_scope.cancel()
     assert client.watch_params[0]["resourceVersion"] == list_rv
     assert client.watch_params[0]["allowWatchBookmarks"] == "true"
@@ -228,24 +228,24 @@ async def test_server_restart_mid_watch_loses_no_event(
     async with (
         client_for(apiserver, "admin", watch_backoff=(0.1, 1.0)) as client,
         client.informer(CONFIGMAPS, into=ConfigMap, namespace=ns) as informer,
+        trio.open_nursery() as nursery,
     ):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(consume, informer)
-            with trio.fail_after(30):
-                await informer.synced.wait()
-            await admin_client.patch(CONFIGMAPS, "cm0", {"data": {"v": "1"}}, ns)
-            await trio.to_thread.run_sync(apiserver.restart)
-            async with client_for(apiserver, "admin") as fresh_admin:
-                await fresh_admin.patch(CONFIGMAPS, "cm1", {"data": {"v": "2"}}, ns)
-                await fresh_admin.delete(CONFIGMAPS, "cm2", ns)
-                await fresh_admin.create(CONFIGMAPS, _cm("cm9", v="9"), ns)
-                truth = await fresh_admin.list(CONFIGMAPS, ns, into=ConfigMap)
-            expected = {c.metadata.name: c.metadata.resource_version for c in truth.items}
-            with trio.fail_after(60):
-                while view != expected:
-                    seen = trio.Event()
-                    await seen.wait()
-            nursery.cancel_scope.cancel()
+        nursery.start_soon(consume, informer)
+        with trio.fail_after(30):
+            await informer.synced.wait()
+        await admin_client.patch(CONFIGMAPS, "cm0", {"data": {"v": "1"}}, ns)
+        await trio.to_thread.run_sync(apiserver.restart)
+        async with client_for(apiserver, "admin") as fresh_admin:
+            await fresh_admin.patch(CONFIGMAPS, "cm1", {"data": {"v": "2"}}, ns)
+            await fresh_admin.delete(CONFIGMAPS, "cm2", ns)
+            await fresh_admin.create(CONFIGMAPS, _cm("cm9", v="9"), ns)
+            truth = await fresh_admin.list(CONFIGMAPS, ns, into=ConfigMap)
+        expected = {c.metadata.name: c.metadata.resource_version for c in truth.items}
+        with trio.fail_after(60):
+            while view != expected:
+                seen = trio.Event()
+                await seen.wait()
+        nursery.cancel_scope.cancel()
     cache = {key[1]: rv for key, (rv, _) in informer.cache.objects.items()}
     assert cache == expected
 
