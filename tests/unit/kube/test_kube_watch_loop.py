@@ -1,0 +1,222 @@
+"""The watch loop's resume / relist / backoff decisions, driven by a scripted fake server."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from nodeagent.kube import CONFIGMAPS, KubeClient, ObjectCache, errors
+from nodeagent.kube.informer import EventType
+from nodeagent.kube.kubeconfig import ClusterConfig
+from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, obj, status
+
+
+class Sink(ObjectCache):
+    def __init__(self) -> None:
+        super().__init__(self._record)
+        self.events: list[tuple[EventType, str, str]] = []
+
+    async def _record(self, type: EventType, raw: bytes) -> None:
+        meta = json.loads(raw)["metadata"]
+        self.events.append((type, meta["name"], meta["resourceVersion"]))
+
+
+async def _run(fake: FakeCluster, until: Any, **kwargs: Any) -> tuple[Sink, int]:
+    sink = Sink()
+    synced = 0
+
+    def on_synced() -> None:
+        nonlocal synced
+        synced += 1
+
+    async with mock_client(fake, **kwargs) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(
+            lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns", on_synced=on_synced)
+        )
+        await fake.wait(until)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    return sink, synced
+
+
+async def test_resume_from_newest_rv_without_relist(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.objects = {"a": "9"}
+    bookmark = {"kind": "ConfigMap", "metadata": {"resourceVersion": "15"}}
+    event = line("ADDED", obj("b", "11"))
+    fake.scripts = [
+        # An event split across chunks, then a bookmark; the server closes the stream.
+        [event[:7], event[7:], line("BOOKMARK", bookmark)],
+        [line("MODIFIED", obj("b", "16"))],
+        status(500, "InternalError"),
+    ]
+    sink, synced = await _run(fake, lambda: len(fake.watches) == 4)
+    assert [rv for _, rv in fake.watches] == ["10", "15", "16", "16"]
+    assert len(fake.lists) == 1 and synced == 1
+    assert sink.events == [("ADDED", "a", "9"), ("ADDED", "b", "11"), ("MODIFIED", "b", "16")]
+
+
+async def test_error_event_410_relists_and_reports_difference(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.objects = {"keep": "5", "change": "6", "gone": "7"}
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+
+    def relisted() -> None:
+        fake.objects = {"keep": "5", "change": "20", "new": "21"}
+        fake.rv = "30"
+
+    fake.scripts = [[line("ERROR", expired)]]
+    async with mock_client(fake) as client, trio.open_nursery() as nursery:
+        sink = Sink()
+        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns"))
+        await fake.wait(lambda: len(fake.watches) == 1)
+        relisted()
+        await fake.wait(lambda: len(fake.watches) == 2)
+        nursery.cancel_scope.cancel()
+    assert len(fake.lists) == 2
+    assert [rv for _, rv in fake.watches] == ["10", "30"]  # never the stale one again
+    assert sorted(sink.events[3:]) == [
+        ("ADDED", "new", "21"),
+        ("DELETED", "gone", "7"),
+        ("MODIFIED", "change", "20"),
+    ]
+
+
+async def test_http_410_at_watch_start_relists(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.scripts = [status(410, "Gone", "too old resource version")]
+    await _run(fake, lambda: len(fake.watches) == 2)
+    assert len(fake.lists) == 2
+
+
+async def test_failed_list_retried_with_backoff_but_forbidden_raised(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.list_errors = [status(500, "InternalError")] * 3 + [status(403, "Forbidden", "no")]
+    # max_attempts=1: each failed list is one request, then the watch loop's own backoff.
+    async with mock_client(fake, max_attempts=1) as client:
+        with pytest.raises(errors.Forbidden, match="no"):
+            await client.run_watch(CONFIGMAPS, Sink(), namespace="ns")
+    gaps = [b - a for a, b in zip(fake.lists, fake.lists[1:], strict=False)]
+    assert [round(g, 3) > 0 for g in gaps] == [True] * 3
+    assert gaps[0] <= 0.5 < gaps[2]  # 0.5 s growing toward 30 s, jittered
+
+
+async def test_failed_list_then_success_syncs_once(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.list_errors = [status(503, "ServiceUnavailable")]
+    fake.scripts = [status(410, "Gone")]
+    _, synced = await _run(fake, lambda: len(fake.watches) == 2, max_attempts=1)
+    assert len(fake.lists) == 3 and synced == 1
+
+
+async def test_backoff_grows_on_failing_watches_and_resets_after_healthy_stream(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    failing = [status(500, "InternalError")] * 5
+    fake.scripts = [*failing, [line("ADDED", obj("x", "11"))], *failing[:2]]
+    await _run(fake, lambda: len(fake.watches) == 9)
+    times = [t for t, _ in fake.watches]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    bases = [0.5, 1, 2, 4, 8]
+    for gap, base in zip(gaps[:5], bases, strict=True):
+        assert base / 2 <= gap <= base
+    assert gaps[5] == 0  # after a healthy stream: reconnect at once...
+    assert gaps[6] <= 0.5  # ...and the backoff starts over
+    assert len(fake.lists) == 1
+
+
+async def test_watch_429_honours_retry_after(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.scripts = [status(429, "TooManyRequests", **{"Retry-After": "12"})]
+    await _run(fake, lambda: len(fake.watches) == 2)
+    assert fake.watches[1][0] - fake.watches[0][0] == pytest.approx(12)
+
+
+async def test_watch_request_parameters(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    seen: list[httpx.Request] = []
+
+    async def spy(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return await fake(request)
+
+    sink = Sink()
+    async with mock_client(spy, watch_timeout=(240, 300)) as client, trio.open_nursery() as n:
+        n.start_soon(
+            lambda: client.run_watch(
+                CONFIGMAPS, sink, namespace="ns", label_selector="a=b", field_selector="x=y"
+            )
+        )
+        await fake.wait(lambda: len(fake.watches) == 1)
+        n.cancel_scope.cancel()
+    listing, watch = seen
+    assert listing.url.path == watch.url.path == "/api/v1/namespaces/ns/configmaps"
+    assert listing.url.params["labelSelector"] == watch.url.params["labelSelector"] == "a=b"
+    assert listing.url.params["fieldSelector"] == watch.url.params["fieldSelector"] == "x=y"
+    assert watch.url.params["allowWatchBookmarks"] == "true"
+    assert 240 <= int(watch.url.params["timeoutSeconds"]) <= 300
+
+
+async def _stalling_server(
+    requests: list[bytes], second_watch: trio.Event, stream: trio.SocketStream
+) -> None:
+    """Answers the list, then opens a watch and never writes a byte."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = await stream.receive_some()
+        if not chunk:
+            return
+        data += chunk
+    head = data.split(b"\r\n", 1)[0]
+    requests.append(head)
+    if b"watch=true" not in head:
+        body = json.dumps({"metadata": {"resourceVersion": "7"}, "items": []}).encode()
+        await stream.send_all(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        return
+    if sum(b"watch=true" in r for r in requests) >= 2:
+        second_watch.set()
+    await stream.send_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    await trio.sleep_forever()
+
+
+async def test_silent_stream_detected_by_inactivity_timeout() -> None:
+    # Real sockets, so real time: a small inactivity timeout keeps this quick.
+    requests: list[bytes] = []
+    second_watch = trio.Event()
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            trio.serve_tcp,
+            lambda s: _stalling_server(requests, second_watch, s),
+            0,
+        )
+        port = listeners[0].socket.getsockname()[1]
+        cfg = ClusterConfig(server=f"http://127.0.0.1:{port}")
+        async with KubeClient(cfg, watch_inactivity_timeout=0.3, watch_backoff=(0.01, 0.02)) as c:
+            nursery.start_soon(lambda: c.run_watch(CONFIGMAPS, Sink(), namespace="ns"))
+            start = trio.current_time()
+            with trio.fail_after(10):
+                await second_watch.wait()
+            elapsed = trio.current_time() - start
+        nursery.cancel_scope.cancel()
+    assert 0.3 <= elapsed < 5
+    watches = [r for r in requests if b"watch=true" in r]
+    assert all(b"resourceVersion=7" in r for r in watches)  # resumed, not relisted
+    assert sum(b"watch=true" not in r for r in requests) == 1
