@@ -7,7 +7,7 @@
 //! (add+update = add, add+delete = nothing, update+delete = delete, delete+add = update) and
 //! "no delta for an unchanged resourceVersion" by construction.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use super::parse::{self, Event, Keyed};
 use super::rv::Rv;
@@ -134,17 +134,67 @@ pub fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("", key))
 }
 
+type Map = hashbrown::HashMap<Box<str>, Entry>;
+
+/// Bookkeeping kept beside the map, so a mutation can hold one `&mut Entry` (one hash lookup
+/// per event) while updating it.
 #[derive(Default)]
-pub struct Table {
-    map: FxHashMap<Box<str>, Entry>,
+struct Book {
     dirty: Vec<Box<str>>,
     locals: FxHashSet<Box<str>>,
+    raw_bytes: usize,
+}
+
+impl Book {
+    /// Marks `key` dirty if what it shows changed; returns true if the entry is now dead and
+    /// should be removed.
+    fn mark(&mut self, key: &str, e: &mut Entry, before: Option<Rv>) -> bool {
+        if e.effective_rv() == before {
+            return e.is_dead();
+        }
+        if !e.dirty {
+            e.dirty = true;
+            self.dirty.push(key.into());
+        }
+        false
+    }
+
+    fn set_watch(&mut self, e: &mut Entry, obj: Option<Obj>) {
+        self.raw_bytes += obj.as_ref().map_or(0, |o| o.raw.len());
+        let old = std::mem::replace(&mut e.watch, obj);
+        self.raw_bytes -= old.as_ref().map_or(0, |o| o.raw.len());
+    }
+
+    fn set_local(&mut self, key: &str, e: &mut Entry, local: Option<Local>) {
+        let sz = |l: &Option<Box<Local>>| match l.as_deref() {
+            Some(Local::Upsert(o, _)) => o.raw.len(),
+            _ => 0,
+        };
+        self.raw_bytes -= sz(&e.local);
+        let had = e.local.is_some();
+        e.local = local.map(Box::new);
+        self.raw_bytes += sz(&e.local);
+        match (had, e.local.is_some()) {
+            (false, true) => {
+                self.locals.insert(key.into());
+            }
+            (true, false) => {
+                self.locals.remove(key);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct Table {
+    map: Map,
+    book: Book,
     /// A partial event line carried over from the previous chunk.
     partial: Vec<u8>,
     generation: u32,
     /// A list page failed to parse during the current relist: skip the vanish sweep.
     list_poisoned: bool,
-    raw_bytes: usize,
     keybuf: String,
 }
 
@@ -153,76 +203,37 @@ impl Table {
         Table::default()
     }
 
-    fn entry(&mut self, key: &str) -> &mut Entry {
-        if !self.map.contains_key(key) {
-            self.map.insert(key.into(), Entry::new());
-        }
-        self.map.get_mut(key).expect("just inserted")
-    }
-
-    fn mark(&mut self, key: &str, before: Option<Rv>) {
-        let e = self.map.get_mut(key).expect("entry exists");
-        if e.effective_rv() == before {
-            if e.is_dead() {
-                self.map.remove(key);
-            }
-            return;
-        }
-        if !e.dirty {
-            e.dirty = true;
-            self.dirty.push(key.into());
-        }
-    }
-
-    fn set_watch(&mut self, key: &str, obj: Option<Obj>) -> Option<Obj> {
-        let add = obj.as_ref().map_or(0, |o| o.raw.len());
-        let e = self.map.get_mut(key).expect("entry exists");
-        let old = std::mem::replace(&mut e.watch, obj);
-        self.raw_bytes = self.raw_bytes + add - old.as_ref().map_or(0, |o| o.raw.len());
-        old
-    }
-
-    fn set_local(&mut self, key: &str, local: Option<Local>) {
-        let e = self.map.get_mut(key).expect("entry exists");
-        let sz = |l: &Option<Box<Local>>| match l.as_deref() {
-            Some(Local::Upsert(o, _)) => o.raw.len(),
-            _ => 0,
-        };
-        self.raw_bytes -= sz(&e.local);
-        e.local = local.map(Box::new);
-        self.raw_bytes += sz(&e.local);
-        if e.local.is_some() {
-            if !self.locals.contains(key) {
-                self.locals.insert(key.into());
-            }
-        } else {
-            self.locals.remove(key);
-        }
-    }
-
-    pub fn watch_upsert(&mut self, key: &str, obj: Obj) {
+    pub fn watch_upsert(&mut self, key: &str, uid: &str, rv: Rv, raw: Box<[u8]>) {
         let generation = self.generation;
-        let e = self.entry(key);
+        let e = self.map.entry_ref(key).or_insert_with(Entry::new);
         e.seen = generation;
-        if e.watch.as_ref().is_some_and(|w| w.rv == obj.rv) {
+        if e.watch.as_ref().is_some_and(|w| w.rv == rv) {
             return;
         }
+        // Updates keep their uid: reuse the held string instead of allocating a new one.
+        let uid = match e.watch.as_mut() {
+            Some(w) if &*w.uid == uid => std::mem::take(&mut w.uid),
+            _ => uid.into(),
+        };
+        let obj = Obj { uid, rv, raw };
         let before = e.effective_rv();
         let drop_local = match e.local.as_deref() {
             Some(Local::Upsert(l, _)) => obj.rv.supersedes(&l.rv),
             Some(Local::Tombstone { uid, rv, .. }) => *uid != obj.uid && obj.rv.newer_than(rv),
             None => false,
         };
-        self.set_watch(key, Some(obj));
+        self.book.set_watch(e, Some(obj));
         if drop_local {
-            self.set_local(key, None);
+            self.book.set_local(key, e, None);
         }
-        self.mark(key, before);
+        if self.book.mark(key, e, before) {
+            self.map.remove(key);
+        }
     }
 
     /// The watch (or a relist) says the key is gone; `rv` is the deletion's resourceVersion.
     pub fn watch_delete(&mut self, key: &str, rv: &Rv) {
-        let Some(e) = self.map.get(key) else {
+        let Some(e) = self.map.get_mut(key) else {
             return;
         };
         let before = e.effective_rv();
@@ -231,15 +242,17 @@ impl Table {
             Some(Local::Tombstone { .. }) => true,
             None => false,
         };
-        self.set_watch(key, None);
+        self.book.set_watch(e, None);
         if drop_local {
-            self.set_local(key, None);
+            self.book.set_local(key, e, None);
         }
-        self.mark(key, before);
+        if self.book.mark(key, e, before) {
+            self.map.remove(key);
+        }
     }
 
     pub fn local_upsert(&mut self, key: &str, obj: Obj, deadline: f64) -> bool {
-        let e = self.entry(key);
+        let e = self.map.entry_ref(key).or_insert_with(Entry::new);
         let stale = e
             .watch
             .as_ref()
@@ -252,13 +265,14 @@ impl Table {
             return false;
         }
         let before = e.effective_rv();
-        self.set_local(key, Some(Local::Upsert(obj, deadline)));
-        self.mark(key, before);
+        self.book
+            .set_local(key, e, Some(Local::Upsert(obj, deadline)));
+        self.book.mark(key, e, before);
         true
     }
 
     pub fn local_delete(&mut self, key: &str, deadline: f64) -> bool {
-        let Some(e) = self.map.get(key) else {
+        let Some(e) = self.map.get_mut(key) else {
             return false;
         };
         let Some(cur) = e.effective() else {
@@ -270,17 +284,18 @@ impl Table {
             deadline,
         };
         let before = e.effective_rv();
-        self.set_local(key, Some(tomb));
-        self.mark(key, before);
+        self.book.set_local(key, e, Some(tomb));
+        self.book.mark(key, e, before);
         true
     }
 
     /// Drops local overrides the watch never confirmed; returns how many.
     pub fn expire(&mut self, now: f64) -> usize {
-        if self.locals.is_empty() {
+        if self.book.locals.is_empty() {
             return 0;
         }
         let expired: Vec<Box<str>> = self
+            .book
             .locals
             .iter()
             .filter(|k| {
@@ -292,9 +307,12 @@ impl Table {
             .cloned()
             .collect();
         for key in &expired {
-            let before = self.map[key].effective_rv();
-            self.set_local(key, None);
-            self.mark(key, before);
+            let e = self.map.get_mut(key).expect("local entries exist");
+            let before = e.effective_rv();
+            self.book.set_local(key, e, None);
+            if self.book.mark(key, e, before) {
+                self.map.remove(key);
+            }
         }
         expired.len()
     }
@@ -351,9 +369,8 @@ impl Table {
         match parse::event(line)? {
             Event::Upsert(h) => {
                 let k = h.keyed()?;
-                let obj = make_obj(&k, line[h.start..h.end].into());
-                self.keyed_upsert(&k, obj);
-                out.resource_version = Some(k.resource_version.into_owned());
+                self.keyed_upsert(&k, line[h.start..h.end].into());
+                set_rv(&mut out.resource_version, &k.resource_version);
             }
             Event::Delete(h) => {
                 let k = h.keyed()?;
@@ -362,11 +379,11 @@ impl Table {
                 make_key(&mut key, &k.namespace, &k.name);
                 self.watch_delete(&key, &rv);
                 self.keybuf = key;
-                out.resource_version = Some(k.resource_version.into_owned());
+                set_rv(&mut out.resource_version, &k.resource_version);
             }
             Event::Bookmark(rv) => {
                 if let Some(rv) = rv.filter(|rv| !rv.is_empty()) {
-                    out.resource_version = Some(rv.into_owned());
+                    set_rv(&mut out.resource_version, &rv);
                 }
             }
             Event::Error(status) => {
@@ -380,10 +397,10 @@ impl Table {
         Ok(false)
     }
 
-    fn keyed_upsert(&mut self, k: &Keyed<'_>, obj: Obj) {
+    fn keyed_upsert(&mut self, k: &Keyed<'_>, raw: Box<[u8]>) {
         let mut key = std::mem::take(&mut self.keybuf);
         make_key(&mut key, &k.namespace, &k.name);
-        self.watch_upsert(&key, obj);
+        self.watch_upsert(&key, &k.uid, Rv::parse(&k.resource_version), raw);
         self.keybuf = key;
     }
 
@@ -407,8 +424,7 @@ impl Table {
         for h in &page.items {
             match h.keyed() {
                 Ok(k) => {
-                    let obj = make_obj(&k, parse::item_bytes(body, h, kind, api_version));
-                    self.keyed_upsert(&k, obj);
+                    self.keyed_upsert(&k, parse::item_bytes(body, h, kind, api_version));
                     out.items += 1;
                 }
                 Err(e) => {
@@ -442,7 +458,7 @@ impl Table {
     }
 
     pub fn pending(&self) -> usize {
-        self.dirty.len()
+        self.book.dirty.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -475,7 +491,7 @@ impl Table {
     /// Bytes held: object bytes plus keys and per-entry bookkeeping.
     pub fn memory_usage(&self) -> usize {
         let per_entry = std::mem::size_of::<Entry>() + std::mem::size_of::<Box<str>>() + 8;
-        self.raw_bytes
+        self.book.raw_bytes
             + self.map.keys().map(|k| k.len()).sum::<usize>()
             + self.map.capacity() * per_entry
             + self
@@ -489,7 +505,8 @@ impl Table {
     /// The dirty keys whose current object needs the consumer's verdict (present, and not the
     /// resourceVersion already judged).
     pub fn to_judge(&self) -> Vec<(&str, &[u8])> {
-        self.dirty
+        self.book
+            .dirty
             .iter()
             .filter_map(|k| {
                 let e = &self.map[k];
@@ -509,7 +526,7 @@ impl Table {
         &mut self,
         mut verdict: impl FnMut(&str) -> Verdict,
     ) -> Vec<(DeltaKind, Box<str>, String)> {
-        let dirty = std::mem::take(&mut self.dirty);
+        let dirty = std::mem::take(&mut self.book.dirty);
         let mut out = Vec::new();
         for key in dirty {
             let e = self.map.get_mut(&key).expect("dirty entry exists");
@@ -559,6 +576,17 @@ impl Table {
             }
         }
         out
+    }
+}
+
+/// Records the newest resourceVersion, reusing the String (one per chunk, not per event).
+fn set_rv(slot: &mut Option<String>, rv: &str) {
+    match slot {
+        Some(s) => {
+            s.clear();
+            s.push_str(rv);
+        }
+        None => *slot = Some(rv.to_owned()),
     }
 }
 
