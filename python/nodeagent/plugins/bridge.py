@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError, Message
 from grpclib import GRPCError
 from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
 from grpclib.client import Stream as ClientStream
+from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import ProtocolError, StreamTerminatedError
 from grpclib.server import Server
@@ -105,10 +106,11 @@ def _to_rpc_error(exc: BaseException) -> RpcError | None:
         return RpcError(exc.status.name, exc.message or exc.status.name)
     if isinstance(exc, StreamTerminatedError | ProtocolError):
         return RpcError("UNAVAILABLE", f"stream terminated: {exc}")
-    if isinstance(exc, OSError):
-        return RpcError("UNAVAILABLE", f"connection failed: {exc}")
+    # Before OSError: asyncio.TimeoutError is the builtin TimeoutError, an OSError subclass.
     if isinstance(exc, asyncio.TimeoutError | trio.TooSlowError):
         return RpcError("DEADLINE_EXCEEDED", "deadline exceeded")
+    if isinstance(exc, OSError):
+        return RpcError("UNAVAILABLE", f"connection failed: {exc}")
     if isinstance(exc, asyncio.CancelledError):
         # The asyncio side cancelled the call (e.g. the channel was closed under it).
         return RpcError("CANCELLED", "call cancelled")
@@ -145,10 +147,34 @@ class ServerStream(Generic[Rep]):
         return self
 
     async def __anext__(self) -> Rep:
-        message: Rep | None = await self._bridge._call(self._stream.recv_message)
+        try:
+            message: Rep | None = await self._bridge._call(self._stream.recv_message)
+        except RpcError as exc:
+            raise _trailers_only_status(self._stream) or exc from exc.__cause__
         if message is None:
+            # End of stream: only the trailers tell a clean end from a failed call.
+            await self._bridge._call(self._stream.recv_trailing_metadata)
             raise StopAsyncIteration
         return message
+
+
+def _trailers_only_status(stream: ClientStream[Any, Any]) -> RpcError | None:
+    """The real status of a trailers-only error response without a content-type header.
+
+    grpclib's own server answers an unknown method with grpc-status 12 (UNIMPLEMENTED) but no
+    content-type, and grpclib's client then reports "UNKNOWN: Missing content-type header"
+    before looking at grpc-status. grpc-go includes the header; for grpclib peers the status is
+    read from the received headers here, so UNIMPLEMENTED is recognised from either.
+    """
+    headers = dict(getattr(getattr(stream, "_stream", None), "headers", None) or ())
+    code = headers.get("grpc-status")
+    if code is None or headers.get("content-type") is not None:
+        return None
+    try:
+        status = Status(int(code))
+    except ValueError:
+        return None
+    return RpcError(status.name, headers.get("grpc-message", status.name))
 
 
 class GrpcBridge:
@@ -163,10 +189,12 @@ class GrpcBridge:
             return await trio_asyncio.aio_as_trio(fn, loop=self._loop)(*args, **kwargs)  # type: ignore[no-any-return]
         except trio.Cancelled:
             raise
+        except RpcError:
+            raise
         except Exception as exc:
-            mapped = _to_rpc_error(exc)
-            if mapped is None or mapped is exc:
-                raise
+            # grpclib has internal races (e.g. a connection lost while a stream is being
+            # created raises AttributeError); whatever escapes is a failed call to the caller.
+            mapped = _to_rpc_error(exc) or RpcError("INTERNAL", f"gRPC failure: {exc!r}")
             raise mapped from exc
 
     @asynccontextmanager

@@ -142,6 +142,8 @@ class StreamingHandler(ABC, Generic[M]):
         self._locks: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
         self.latest: LatestValue[Mapping[str, PluginData]] = LatestValue(MappingProxyType({}))
+        # Bumped on every change visible in plugin_status(), so callers can wait for one.
+        self.changes: LatestValue[None] = LatestValue(None)
 
     # -- what a plugin type defines --------------------------------------------------------
 
@@ -227,6 +229,10 @@ class StreamingHandler(ABC, Generic[M]):
         stream.cancel.cancel()
         await stream.done.wait()
 
+    def _set_state(self, stream: _Stream, state: str) -> None:
+        stream.state = state
+        self.changes.set(None)
+
     def _publish(self) -> None:
         data = {
             name: PluginData(
@@ -241,6 +247,7 @@ class StreamingHandler(ABC, Generic[M]):
             if entry.last_message is not None
         }
         self.latest.set(MappingProxyType(data))
+        self.changes.set(None)
 
     async def _supervise(
         self,
@@ -263,14 +270,14 @@ class StreamingHandler(ABC, Generic[M]):
                     while True:
                         try:
                             async with self.open_stream(channel) as messages:
-                                stream.state = "open"
+                                self._set_state(stream, "open")
                                 await self._consume(entry, stream, messages, backoff)
-                            stream.state = "ended"
+                            self._set_state(stream, "ended")
                             log.info("plugin stream ended", plugin=name, type=self.plugin_type)
                             return
                         except RpcError as exc:
                             if exc.status == "UNIMPLEMENTED":
-                                stream.state = "unimplemented"
+                                self._set_state(stream, "unimplemented")
                                 stream.last_error = str(exc)
                                 log.warning(
                                     "plugin does not implement its stream; stream stopped",
@@ -279,7 +286,7 @@ class StreamingHandler(ABC, Generic[M]):
                                     error=str(exc),
                                 )
                                 return
-                            stream.state = "backoff"
+                            self._set_state(stream, "backoff")
                             stream.last_error = str(exc)
                             stream.restarts += 1
                             delay = backoff.next_delay()
@@ -295,7 +302,7 @@ class StreamingHandler(ABC, Generic[M]):
                             await trio.sleep(delay)
         finally:
             if stream.state not in ("ended", "unimplemented"):
-                stream.state = "stopped"
+                self._set_state(stream, "stopped")
             stream.done.set()
 
     async def _consume(
@@ -313,7 +320,7 @@ class StreamingHandler(ABC, Generic[M]):
                 continue
             try:
                 self.validate_message(message)
-            except InvalidMessage as exc:
+            except Exception as exc:  # InvalidMessage, or a validator bug: keep the last data
                 self._reject(entry, name, exc, "message_invalid")
                 continue
             backoff.reset()
@@ -325,6 +332,7 @@ class StreamingHandler(ABC, Generic[M]):
 
     def _reject(self, entry: _Entry, name: str, exc: Exception, kind: str) -> None:
         entry.rejected += 1
+        self.changes.set(None)
         metrics.ERRORS.labels(kind=kind).inc()
         log.warning(
             "plugin message rejected; keeping the last good data",

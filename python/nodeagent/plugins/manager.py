@@ -105,6 +105,8 @@ class PluginManager:
         self._busy: set[str] = set()
         self._seen: dict[str, SocketIdentity] = {}
         self._wake = trio.Event()
+        # Bumped whenever registration state changes, so callers can wait for one.
+        self.changes: LatestValue[None] = LatestValue(None)
         self._scanned = False
         self._scan_error = ""
 
@@ -238,6 +240,7 @@ class PluginManager:
 
     def _kick(self) -> None:
         self._wake.set()
+        self.changes.set(None)
 
     async def _reconcile_loop(self, nursery: trio.Nursery) -> None:
         while True:
@@ -284,7 +287,14 @@ class PluginManager:
             record = self._records[socket] = _Record(socket, wanted.generation)
         record.state = "registering"
         try:
-            await self._register_steps(wanted, record)
+            try:
+                await self._register_steps(wanted, record)
+            except (_Failed, trio.Cancelled):
+                raise
+            except Exception as exc:
+                # A bug or an unexpected failure must not take the manager down: retry later.
+                log.exception("plugin registration crashed", socket=socket)
+                raise _Failed("register", f"internal error: {exc!r}") from exc
         except _Failed as exc:
             rejected = isinstance(exc, _Rejected)
             record.state = "rejected" if rejected else "failed"
@@ -442,15 +452,7 @@ class PluginManager:
         try:
             self._actual.remove(socket)
             handler = self._handlers[registered.plugin_type]
-            await handler.deregister(
-                PluginEndpoint(
-                    name=registered.name,
-                    plugin_type=registered.plugin_type,
-                    socket=socket,
-                    endpoint=registered.endpoint,
-                    versions=registered.versions,
-                )
-            )
+            await self._deregister(handler, registered)
             metrics.DEREGISTRATIONS.labels(type=registered.plugin_type).inc()
             log.info("plugin deregistered", socket=socket, name=registered.name)
         finally:
@@ -462,6 +464,22 @@ class PluginManager:
                     record.state = "registering"
             self._busy.discard(socket)
             self._kick()
+
+    async def _deregister(self, handler: PluginHandler, registered: ActualPlugin) -> None:
+        try:
+            await handler.deregister(
+                PluginEndpoint(
+                    name=registered.name,
+                    plugin_type=registered.plugin_type,
+                    socket=registered.socket,
+                    endpoint=registered.endpoint,
+                    versions=registered.versions,
+                )
+            )
+        except Exception:
+            # The plugin is out of the actual state either way; a handler bug is only logged.
+            metrics.ERRORS.labels(kind="deregister").inc()
+            log.exception("plugin handler failed to deregister", socket=registered.socket)
 
     # -- connection monitor ------------------------------------------------------------------
 
@@ -500,6 +518,7 @@ class PluginManager:
                 error=str(exc),
             )
             if record.probe_failures >= self._settings.probe_failures:
+                record.state = "failed"
                 record.last_error = f"deregistered after {record.probe_failures} failed probes"
                 self._desired.remove(registered.socket)
                 self._kick()

@@ -28,7 +28,7 @@ ERRORS = Counter(
     "nodeagent_plugin_errors_total",
     "Plugin errors by kind (dial, get_info, unknown_type, validation, register, notify, probe, "
     "peer_rejected, endpoint_rejected, stream, message_too_large, message_malformed, "
-    "message_invalid, scan).",
+    "message_invalid, deregister, scan).",
     ["kind"],
 )
 REGISTERED = Gauge(

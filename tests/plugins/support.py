@@ -1,0 +1,127 @@
+"""Helpers for the end-to-end plugin tests: waiting on manager state, scripted plugins."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from grpclib import GRPCError
+from grpclib.const import Status
+from grpclib.server import Stream
+
+from nodeagent.plugins import PluginManager
+from nodeagent.plugins.latest import LatestValue
+from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc
+from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+
+WAIT = 10.0  # bound on every real-time wait: generous for a loaded 2-core machine
+
+
+async def wait_until(
+    manager: PluginManager, predicate: Callable[[], bool], *, timeout: float = WAIT
+) -> None:
+    """Wait (bounded) until `predicate()` holds, re-checking on every state change the manager
+    or its handlers announce."""
+    sources: list[LatestValue[Any]] = [manager.changes]
+    sources += [h.changes for h in manager._handlers.values() if hasattr(h, "changes")]
+    with trio.fail_after(timeout):
+        while not predicate():
+            versions = [s.version for s in sources]
+            async with trio.open_nursery() as nursery:
+                for source, version in zip(sources, versions, strict=True):
+                    nursery.start_soon(_wait_then_cancel, source, version, nursery)
+
+
+async def _wait_then_cancel(source: LatestValue[Any], version: int, nursery: trio.Nursery) -> None:
+    await source.wait_newer(version)
+    nursery.cancel_scope.cancel()
+
+
+def plugin_status(manager: PluginManager, name: str) -> dict[str, Any] | None:
+    for item in manager.status():
+        if item["name"] == name:
+            return item
+    return None
+
+
+def state_of(manager: PluginManager, name: str) -> str | None:
+    item = plugin_status(manager, name)
+    return None if item is None else item["state"]
+
+
+@dataclass
+class ScriptedRegistration(reg_grpc.RegistrationBase):
+    """A Registration service whose answers a test controls (asyncio side, on the bridge loop)."""
+
+    info: reg.PluginInfo
+    get_info_delay: float = 0.0
+    fail_get_info: bool = False
+    get_info_calls: int = 0
+    statuses: list[reg.RegistrationStatus] = field(default_factory=list)
+    notified: LatestValue[int] = field(default_factory=lambda: LatestValue(0))
+
+    async def GetInfo(self, stream: Stream[reg.InfoRequest, reg.PluginInfo]) -> None:
+        await stream.recv_message()
+        self.get_info_calls += 1
+        if self.get_info_delay:
+            await asyncio.sleep(self.get_info_delay)
+        if self.fail_get_info:
+            raise GRPCError(Status.UNAVAILABLE, "scripted failure")
+        await stream.send_message(self.info)
+
+    async def NotifyRegistrationStatus(
+        self, stream: Stream[reg.RegistrationStatus, reg.RegistrationStatusResponse]
+    ) -> None:
+        status = await stream.recv_message()
+        assert status is not None
+        self.statuses.append(status)
+        await stream.send_message(reg.RegistrationStatusResponse())
+        self.notified.set(len(self.statuses))
+
+    async def wait_notified(
+        self, count: int = 1, *, timeout: float = WAIT
+    ) -> reg.RegistrationStatus:
+        with trio.fail_after(timeout):
+            while len(self.statuses) < count:
+                await self.notified.wait_newer(self.notified.version)
+        return self.statuses[count - 1]
+
+
+def report(field_name: str, value: bytes) -> rep.GetReportContentResponse:
+    return rep.GetReportContentResponse(
+        content=[
+            rep.ReportContent(
+                groupVersionKind={"group": "g", "version": "v1alpha1", "kind": "K"},
+                field=[rep.ReportField(fieldType=rep.Status, fieldName=field_name, value=value)],
+            )
+        ]
+    )
+
+
+@dataclass
+class CrashingReporter(rep_grpc.ReporterPluginBase):
+    """A reporter whose stream sends one message and then fails, `crashes` times, then streams
+    normally (and stays open)."""
+
+    crashes: int
+    calls: int = 0
+
+    async def GetReportContent(
+        self, stream: Stream[rep.Empty, rep.GetReportContentResponse]
+    ) -> None:
+        raise GRPCError(Status.UNIMPLEMENTED)
+
+    async def ListAndWatchReportContent(
+        self, stream: Stream[rep.Empty, rep.GetReportContentResponse]
+    ) -> None:
+        await stream.recv_message()
+        self.calls += 1
+        await stream.send_message(report("call", str(self.calls).encode()))
+        if self.calls <= self.crashes:
+            raise RuntimeError("plugin crashed mid-stream")
+        await asyncio.Event().wait()

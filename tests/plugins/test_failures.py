@@ -1,0 +1,333 @@
+"""End to end over real unix sockets: plugins that misbehave, and the manager's answers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+
+import trio
+from prometheus_client import REGISTRY
+
+from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+from nodeagent.sdk import DevicePlugin, ReporterPlugin, ReportItem
+from tests.plugins.conftest import fast_settings
+from tests.plugins.support import (
+    WAIT,
+    CrashingReporter,
+    ScriptedRegistration,
+    plugin_status,
+    report,
+    state_of,
+    wait_until,
+)
+
+
+def _errors(kind: str) -> float:
+    return REGISTRY.get_sample_value("nodeagent_plugin_errors_total", {"kind": kind}) or 0.0
+
+
+def _info(name: str, plugin_type: str = "ReporterPlugin", **kw: object) -> reg.PluginInfo:
+    versions = kw.pop("versions", ["v1alpha1"])
+    return reg.PluginInfo(type=plugin_type, name=name, supported_versions=versions, **kw)  # type: ignore[arg-type]
+
+
+async def test_slow_get_info_fails_then_registers_when_the_plugin_answers_in_time(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    service = ScriptedRegistration(_info("slow"), get_info_delay=2.0)
+    path = os.path.join(registry, "slow.sock")
+    async with bridge.serve([service, CrashingReporter(crashes=0)], path):
+        await wait_until(manager, lambda: state_of(manager, "") == "failed")
+        status = plugin_status(manager, "")
+        assert status is not None
+        assert "DEADLINE_EXCEEDED" in status["last_error"]
+        service.get_info_delay = 0.0
+        await wait_until(manager, lambda: state_of(manager, "slow") == "registered")
+        assert (await service.wait_notified()).plugin_registered
+
+
+async def test_wrong_versions_are_refused_with_a_reason_and_retried(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    service = ScriptedRegistration(_info("gpu", "DRAPlugin", versions=["2.0.0", "0.9"]))
+    async with bridge.serve([service], os.path.join(registry, "gpu.sock")):
+        first = await service.wait_notified(1)
+        assert not first.plugin_registered
+        assert "plugin validation failed with err" in first.error
+        assert "need major version 1" in first.error
+        await wait_until(manager, lambda: state_of(manager, "gpu") == "failed")
+        # Retried with backoff (the kubelet retries validation failures too).
+        second = await service.wait_notified(2)
+        assert not second.plugin_registered
+        # The plugin fixes its answer: the next retry registers it.
+        service.info.supported_versions[:] = ["1.0.0"]
+        await wait_until(manager, lambda: state_of(manager, "gpu") == "registered")
+
+
+async def test_empty_name_and_unknown_type_are_refused(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    nameless = ScriptedRegistration(_info(""))
+    unknown = ScriptedRegistration(_info("csi", "CSIPlugin", versions=["1.0.0"]))
+    errors_before = _errors("unknown_type")
+    async with (
+        bridge.serve([nameless], os.path.join(registry, "nameless.sock")),
+        bridge.serve([unknown], os.path.join(registry, "csi.sock")),
+    ):
+        refused = await nameless.wait_notified()
+        assert not refused.plugin_registered
+        assert "plugin name is empty" in refused.error
+        refused = await unknown.wait_notified()
+        assert not refused.plugin_registered
+        assert "no handler registered for plugin type: 'CSIPlugin'" in refused.error
+        await wait_until(manager, lambda: state_of(manager, "csi") == "failed")
+        assert _errors("unknown_type") > errors_before
+
+
+async def test_plugin_crashing_mid_stream_is_restarted_with_backoff(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    channel = manager.channel("ReporterPlugin")
+    reporter = CrashingReporter(crashes=3)
+    service = ScriptedRegistration(_info("crashy"))
+    async with bridge.serve([service, reporter], os.path.join(registry, "crashy.sock")):
+        await wait_until(manager, lambda: reporter.calls >= 4 and "crashy" in channel.value)
+        await wait_until(
+            manager,
+            lambda: channel.value["crashy"].message.content[0].field[0].value == b"4",
+        )
+        status = plugin_status(manager, "crashy")
+        assert status is not None
+        assert status["stream_restarts"] == 3
+        assert status["stream_state"] == "open"
+        assert status["state"] == "registered"
+        assert status["messages_received"] == 4
+
+
+async def test_plugin_process_restarting_on_the_same_path_re_registers(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    channel = manager.channel("ReporterPlugin")
+    for generation in (1, 2):
+        async with ReporterPlugin.serve(
+            name="phoenix", registry_dir=registry, bridge=bridge
+        ) as plugin:
+            plugin.report([ReportItem("g", "v1alpha1", "K", "Status", "gen", generation)])
+            with trio.fail_after(WAIT):
+                await plugin.wait_registered()
+            await wait_until(
+                manager,
+                lambda g=generation: (
+                    "phoenix" in channel.value  # type: ignore[misc]
+                    and channel.value["phoenix"].message.content[0].field[0].value
+                    == str(g).encode()
+                ),
+            )
+
+
+async def test_two_reporters_with_the_same_name_newest_wins(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    channel = manager.channel("ReporterPlugin")
+    first_dir = os.path.join(registry, "one")
+    second_dir = os.path.join(registry, "two")
+    async with ReporterPlugin.serve(name="dup", registry_dir=first_dir, bridge=bridge) as first:
+        first.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "first")])
+        with trio.fail_after(WAIT):
+            await first.wait_registered()
+        await wait_until(manager, lambda: "dup" in channel.value)
+        async with ReporterPlugin.serve(
+            name="dup", registry_dir=second_dir, bridge=bridge
+        ) as second:
+            second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second")])
+            with trio.fail_after(WAIT):
+                await second.wait_registered()
+            await wait_until(
+                manager,
+                lambda: channel.value["dup"].message.content[0].field[0].value == b'"second"',
+            )
+            by_socket = {s["socket"]: s for s in manager.status()}
+            assert (
+                by_socket[first.socket_path]["stream_state"] == f"replaced by {second.socket_path}"
+            )
+            assert by_socket[second.socket_path]["stream_state"] == "open"
+            # The first plugin's updates no longer reach the consumer.
+            first.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "stale")])
+            second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second-2")])
+            await wait_until(
+                manager,
+                lambda: channel.value["dup"].message.content[0].field[0].value == b'"second-2"',
+            )
+        # The replaced plugin leaving does not stop the newer one's data.
+    await wait_until(manager, lambda: not channel.value["dup"].registered)
+
+
+async def test_two_dra_plugins_with_the_same_name_need_a_higher_version(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    async with DevicePlugin.serve(
+        name="drv", registry_dir=os.path.join(registry, "a"), bridge=bridge
+    ) as first:
+        with trio.fail_after(WAIT):
+            await first.wait_registered()
+        async with DevicePlugin.serve(
+            name="drv", registry_dir=os.path.join(registry, "b"), bridge=bridge
+        ) as same:
+            status = await same.wait_registration()
+            assert not status.plugin_registered
+            assert "needs a strictly higher version" in status.error
+        async with DevicePlugin.serve(
+            name="drv", registry_dir=os.path.join(registry, "c"), bridge=bridge, versions=["1.1.0"]
+        ) as newer:
+            with trio.fail_after(WAIT):
+                await newer.wait_registered()
+
+
+async def test_peer_credentials_rejection(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    manager = PluginManager(fast_settings(registry), bridge, uid_check=lambda uid: False)
+    await nursery.start(manager.run)
+    rejected_before = (
+        REGISTRY.get_sample_value(
+            "nodeagent_plugin_registrations_total", {"type": "unknown", "outcome": "rejected"}
+        )
+        or 0.0
+    )
+    async with ReporterPlugin.serve(name="evil", registry_dir=registry, bridge=bridge) as plugin:
+        status = await plugin.wait_registration()
+        assert not status.plugin_registered
+        assert f"uid {os.getuid()}, which is not an allowed plugin UID" in status.error
+        await wait_until(manager, lambda: state_of(manager, "") == "rejected")
+        # Never asked for GetInfo, and not retried for the same socket.
+        assert plugin.registration.status.version == 1
+    assert (
+        REGISTRY.get_sample_value(
+            "nodeagent_plugin_registrations_total", {"type": "unknown", "outcome": "rejected"}
+        )
+        == rejected_before + 1
+    )
+
+
+async def test_allowed_uids_setting_rejects_other_users(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    other = os.getuid() + 4242
+    manager = PluginManager(fast_settings(registry, allowed_uids=[other]), bridge)
+    await nursery.start(manager.run)
+    async with ReporterPlugin.serve(name="evil", registry_dir=registry, bridge=bridge) as plugin:
+        status = await plugin.wait_registration()
+        assert "not an allowed plugin UID" in status.error
+
+
+async def test_endpoint_outside_the_registry_is_refused(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    outside = tempfile.mkdtemp(prefix="na-out-", dir="/tmp")
+    try:
+        endpoint = os.path.join(outside, "dra.sock")
+        service = ScriptedRegistration(
+            _info("escape", "DRAPlugin", versions=["1.0.0"], endpoint=endpoint)
+        )
+        async with (
+            bridge.serve([], endpoint),
+            bridge.serve([service], os.path.join(registry, "escape.sock")),
+        ):
+            status = await service.wait_notified()
+            assert not status.plugin_registered
+            assert "outside the registry directory" in status.error
+            await wait_until(manager, lambda: state_of(manager, "escape") == "rejected")
+        # A symlink inside the registry pointing outside is refused the same way.
+        link = os.path.join(registry, ".link.sock")
+        os.symlink(endpoint, link)
+        service = ScriptedRegistration(
+            _info("escape2", "DRAPlugin", versions=["1.0.0"], endpoint=link)
+        )
+        async with (
+            bridge.serve([], endpoint),
+            bridge.serve([service], os.path.join(registry, "escape2.sock")),
+        ):
+            status = await service.wait_notified()
+            assert "outside the registry directory" in status.error
+    finally:
+        shutil.rmtree(outside, ignore_errors=True)
+
+
+async def test_invalid_and_oversized_messages_are_rejected_and_last_good_data_kept(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    manager = PluginManager(fast_settings(registry, max_message_bytes=2048), bridge)
+    await nursery.start(manager.run)
+    channel = manager.channel("ReporterPlugin")
+    invalid_before = _errors("message_invalid")
+    large_before = _errors("message_too_large")
+    async with ReporterPlugin.serve(name="bad", registry_dir=registry, bridge=bridge) as plugin:
+        plugin.publish_message(report("good", b'{"v":1}'))
+        await wait_until(manager, lambda: "bad" in channel.value)
+        for bad in (
+            report("broken", b"{not json"),
+            report("", b"1"),
+            rep.GetReportContentResponse(content=[rep.ReportContent(field=[])]),
+        ):
+            plugin.publish_message(bad)
+            rejected = plugin_status(manager, "bad")["messages_rejected"]  # type: ignore[index]
+            await wait_until(
+                manager,
+                lambda r=rejected: plugin_status(manager, "bad")["messages_rejected"] > r,  # type: ignore[index,misc]
+            )
+        plugin.publish_message(report("huge", json.dumps("x" * 4096).encode()))
+        await wait_until(
+            manager,
+            lambda: plugin_status(manager, "bad")["messages_rejected"] == 4,  # type: ignore[index]
+        )
+        assert _errors("message_invalid") == invalid_before + 3
+        assert _errors("message_too_large") == large_before + 1
+        assert channel.value["bad"].message.content[0].field[0].fieldName == "good"
+        status = plugin_status(manager, "bad")
+        assert status is not None
+        assert status["last_message"]["content"][0]["field"][0]["fieldName"] == "good"
+        # The same stream goes on: the next good message is taken.
+        plugin.publish_message(report("better", b"2"))
+        await wait_until(
+            manager,
+            lambda: channel.value["bad"].message.content[0].field[0].fieldName == "better",
+        )
+        assert plugin_status(manager, "bad")["stream_restarts"] == 0  # type: ignore[index]
+
+
+async def test_unimplemented_stream_stops_without_forgetting_the_plugin(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    service = ScriptedRegistration(_info("lazy"))
+    async with bridge.serve([service], os.path.join(registry, "lazy.sock")):
+        await wait_until(
+            manager,
+            lambda: (plugin_status(manager, "lazy") or {}).get("stream_state") == "unimplemented",
+        )
+        assert state_of(manager, "lazy") == "registered"
+
+
+async def test_plugin_that_stops_answering_probes_is_deregistered_then_comes_back(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    service = ScriptedRegistration(_info("flaky"))
+    async with bridge.serve([service, CrashingReporter(0)], os.path.join(registry, "flaky.sock")):
+        await wait_until(manager, lambda: "flaky" in manager.channel("ReporterPlugin").value)
+        probes_before = _errors("probe")
+        service.fail_get_info = True
+        await wait_until(
+            manager,
+            lambda: not manager.channel("ReporterPlugin").value["flaky"].registered,
+        )
+        status = plugin_status(manager, "flaky")
+        assert status is not None
+        assert status["state"] == "failed"
+        assert status["last_error"] == "deregistered after 2 failed probes"
+        assert status["stream_state"] == "stopped"
+        assert _errors("probe") >= probes_before + 2
+        service.fail_get_info = False
+        await wait_until(manager, lambda: state_of(manager, "flaky") == "registered")

@@ -1,0 +1,167 @@
+"""End to end over real unix sockets: SDK plugins registering with a real PluginManager."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import trio
+from prometheus_client import REGISTRY
+
+from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.sdk import Device, DevicePlugin, Quantity, ReporterPlugin, ReportItem
+from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
+
+
+def _item(value: object) -> ReportItem:
+    return ReportItem(
+        group="node.katalyst.kubewharf.io",
+        version="v1alpha1",
+        kind="CustomNodeResource",
+        field_type="Status",
+        field_name="resources",
+        value=value,
+    )
+
+
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    channel = manager.channel("ReporterPlugin")
+    registered_before = _metric(
+        "nodeagent_plugin_registrations_total", type="ReporterPlugin", outcome="success"
+    )
+    async with ReporterPlugin.serve(name="cpu", registry_dir=registry, bridge=bridge) as plugin:
+        plugin.report([_item({"cpu": 1})])
+        with trio.fail_after(WAIT):
+            await plugin.wait_registered()
+            version, data = await channel.wait_newer(0)
+            while "cpu" not in data:
+                version, data = await channel.wait_newer(version)
+        first = data["cpu"]
+        assert first.registered
+        assert json.loads(first.message.content[0].field[0].value) == {"cpu": 1}
+        status = plugin_status(manager, "cpu")
+        assert status is not None
+        assert status["state"] == "registered"
+        assert status["type"] == "ReporterPlugin"
+        assert status["socket"] == os.path.join(registry, "cpu.sock")
+        assert status["endpoint"] == os.path.join(registry, "cpu.sock")
+        assert status["versions"] == ["v1alpha1"]
+        assert status["stream_state"] == "open"
+        assert (
+            _metric(
+                "nodeagent_plugin_registrations_total", type="ReporterPlugin", outcome="success"
+            )
+            == registered_before + 1
+        )
+
+        plugin.report([_item({"cpu": 2})])
+        with trio.fail_after(WAIT):
+            while json.loads(data["cpu"].message.content[0].field[0].value) != {"cpu": 2}:
+                version, data = await channel.wait_newer(version)
+        status = plugin_status(manager, "cpu")
+        assert status is not None
+        assert status["messages_received"] == 2
+        assert status["last_message"]["content"][0]["groupVersionKind"]["kind"] == (
+            "CustomNodeResource"
+        )
+        json.dumps(manager.status())  # the ops endpoint serves it as JSON
+
+    # Removed: deregistered, the last data kept and marked stale.
+    assert not os.path.exists(os.path.join(registry, "cpu.sock"))
+    await wait_until(manager, lambda: state_of(manager, "cpu") == "deregistered")
+    stale = channel.value["cpu"]
+    assert not stale.registered
+    assert json.loads(stale.message.content[0].field[0].value) == {"cpu": 2}
+
+    # Re-appears: registers again and streams again.
+    async with ReporterPlugin.serve(name="cpu", registry_dir=registry, bridge=bridge) as plugin:
+        plugin.report([_item({"cpu": 3})])
+        with trio.fail_after(WAIT):
+            await plugin.wait_registered()
+        await wait_until(
+            manager,
+            lambda: (
+                channel.value.get("cpu") is not None
+                and channel.value["cpu"].registered
+                and json.loads(channel.value["cpu"].message.content[0].field[0].value) == {"cpu": 3}
+            ),
+        )
+        assert state_of(manager, "cpu") == "registered"
+    ready, reason = manager.readiness()
+    assert ready, reason
+
+
+async def test_dra_plugin_with_separate_endpoint_streams_devices(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    channel = manager.channel("DRAPlugin")
+    async with DevicePlugin.serve(
+        name="gpu.example.com", registry_dir=registry, bridge=bridge, separate_endpoint=True
+    ) as plugin:
+        plugin.publish([Device("gpu-0", {"memory": Quantity("40Gi"), "index": 0})])
+        with trio.fail_after(WAIT):
+            await plugin.wait_registered()
+        await wait_until(manager, lambda: "gpu.example.com" in channel.value)
+        status = plugin_status(manager, "gpu.example.com")
+        assert status is not None
+        assert status["endpoint"] == os.path.join(registry, ".gpu.example.com-dra.sock")
+        message = channel.value["gpu.example.com"].message
+        instance = message.resources[0].namedResources.instances[0]
+        assert instance.name == "gpu-0"
+        assert instance.attributes[0].attributeValue.quantity.string == "40Gi"
+
+        plugin.publish([Device("gpu-0"), Device("gpu-1")])
+        await wait_until(
+            manager,
+            lambda: (
+                len(channel.value["gpu.example.com"].message.resources[0].namedResources.instances)
+                == 2
+            ),
+        )
+    await wait_until(manager, lambda: state_of(manager, "gpu.example.com") == "deregistered")
+
+
+async def test_socket_deleted_while_streaming_deregisters_and_keeps_data(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    channel = manager.channel("ReporterPlugin")
+    async with ReporterPlugin.serve(name="mem", registry_dir=registry, bridge=bridge) as plugin:
+        plugin.report([_item({"mem": 1})])
+        with trio.fail_after(WAIT):
+            await plugin.wait_registered()
+        await wait_until(manager, lambda: "mem" in channel.value)
+        os.unlink(plugin.socket_path)
+        await wait_until(manager, lambda: state_of(manager, "mem") == "deregistered")
+        status = plugin_status(manager, "mem")
+        assert status is not None
+        assert status["stream_state"] == "stopped"
+        assert not channel.value["mem"].registered
+        assert json.loads(channel.value["mem"].message.content[0].field[0].value) == {"mem": 1}
+
+
+async def test_registry_dir_is_created_private_and_dot_files_are_ignored(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    from tests.plugins.conftest import fast_settings
+
+    root = os.path.join(registry, "sub", "registry")
+    manager = PluginManager(fast_settings(root), bridge)
+    await nursery.start(manager.run)
+    assert stat.S_IMODE(os.stat(root).st_mode) & 0o007 == 0
+    os.makedirs(os.path.join(root, ".hidden"))
+    async with ReporterPlugin.serve(
+        name="x", registry_dir=os.path.join(root, ".hidden"), bridge=bridge
+    ):
+        async with ReporterPlugin.serve(
+            name="nested", registry_dir=os.path.join(root, "a", "b"), bridge=bridge
+        ) as nested:
+            with trio.fail_after(WAIT):
+                await nested.wait_registered()
+            assert [item["name"] for item in manager.status()] == ["nested"]
