@@ -23,13 +23,13 @@ WAIT = 10.0  # bound on every real-time wait: generous for a loaded 2-core machi
 
 
 async def wait_until(
-    manager: PluginManager, predicate: Callable[[], bool], *, timeout: float = WAIT
+    manager: PluginManager, predicate: Callable[[], bool], *, within: float = WAIT
 ) -> None:
     """Wait (bounded) until `predicate()` holds, re-checking on every state change the manager
     or its handlers announce."""
     sources: list[LatestValue[Any]] = [manager.changes]
     sources += [h.changes for h in manager._handlers.values() if hasattr(h, "changes")]
-    with trio.fail_after(timeout):
+    with trio.fail_after(within):
         while not predicate():
             versions = [s.version for s in sources]
             async with trio.open_nursery() as nursery:
@@ -83,10 +83,8 @@ class ScriptedRegistration(reg_grpc.RegistrationBase):
         await stream.send_message(reg.RegistrationStatusResponse())
         self.notified.set(len(self.statuses))
 
-    async def wait_notified(
-        self, count: int = 1, *, timeout: float = WAIT
-    ) -> reg.RegistrationStatus:
-        with trio.fail_after(timeout):
+    async def wait_notified(self, count: int = 1) -> reg.RegistrationStatus:
+        with trio.fail_after(WAIT):
             while len(self.statuses) < count:
                 await self.notified.wait_newer(self.notified.version)
         return self.statuses[count - 1]

@@ -10,7 +10,7 @@ import tempfile
 import trio
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.sdk import DevicePlugin, ReporterPlugin, ReportItem
@@ -24,6 +24,11 @@ from tests.plugins.support import (
     state_of,
     wait_until,
 )
+
+
+def _value(data: PluginData) -> bytes:
+    value: bytes = data.message.content[0].field[0].value  # type: ignore[attr-defined]
+    return value
 
 
 def _errors(kind: str) -> float:

@@ -9,7 +9,7 @@ import stat
 import trio
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
 from nodeagent.sdk import Device, DevicePlugin, Quantity, ReporterPlugin, ReportItem
 from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
 
@@ -23,6 +23,10 @@ def _item(value: object) -> ReportItem:
         field_name="resources",
         value=value,
     )
+
+
+def _instances(data: PluginData) -> list[object]:
+    return list(data.message.resources[0].namedResources.instances)  # type: ignore[attr-defined]
 
 
 def _metric(name: str, **labels: str) -> float:
@@ -74,7 +78,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
         json.dumps(manager.status())  # the ops endpoint serves it as JSON
 
     # Removed: deregistered, the last data kept and marked stale.
-    assert not os.path.exists(os.path.join(registry, "cpu.sock"))
+    assert "cpu.sock" not in os.listdir(registry)
     await wait_until(manager, lambda: state_of(manager, "cpu") == "deregistered")
     stale = channel.value["cpu"]
     assert not stale.registered
@@ -156,12 +160,12 @@ async def test_registry_dir_is_created_private_and_dot_files_are_ignored(
     await nursery.start(manager.run)
     assert stat.S_IMODE(os.stat(root).st_mode) & 0o007 == 0
     os.makedirs(os.path.join(root, ".hidden"))
-    async with ReporterPlugin.serve(
-        name="x", registry_dir=os.path.join(root, ".hidden"), bridge=bridge
-    ):
-        async with ReporterPlugin.serve(
+    async with (
+        ReporterPlugin.serve(name="x", registry_dir=os.path.join(root, ".hidden"), bridge=bridge),
+        ReporterPlugin.serve(
             name="nested", registry_dir=os.path.join(root, "a", "b"), bridge=bridge
-        ) as nested:
-            with trio.fail_after(WAIT):
-                await nested.wait_registered()
-            assert [item["name"] for item in manager.status()] == ["nested"]
+        ) as nested,
+    ):
+        with trio.fail_after(WAIT):
+            await nested.wait_registered()
+        assert [item["name"] for item in manager.status()] == ["nested"]
