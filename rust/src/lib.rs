@@ -2,11 +2,13 @@
 
 use pyo3::prelude::*;
 
+pub mod planner;
 pub mod store;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<store::Store>()?;
+    planner::register(m)?;
     Ok(())
 }

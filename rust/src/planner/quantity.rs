@@ -362,14 +362,26 @@ mod tests {
 
     #[test]
     fn errors() {
-        for s in ["", "abc", "1.2.3", "1Kb", "1e", "1 ", "1e99999999999", "1e40"] {
+        for s in [
+            "",
+            "abc",
+            "1.2.3",
+            "1Kb",
+            "1e",
+            "1 ",
+            "1e99999999999",
+            "1e40",
+        ] {
             assert!(parse(s).is_err(), "{s}");
         }
     }
 
     #[test]
     fn values() {
-        assert_eq!(parse("1Gi").unwrap().nanos, parse("1073741824").unwrap().nanos);
+        assert_eq!(
+            parse("1Gi").unwrap().nanos,
+            parse("1073741824").unwrap().nanos
+        );
         assert_eq!(value_key(&parse("1Gi").unwrap()), "1073741824");
     }
 }

@@ -1,0 +1,235 @@
+//! The plan for one pool: which observed slices stay, are updated, created or deleted, and the
+//! pool generation, following the upstream `resourceslice` controller (v0.34+) with O(n) matching.
+
+use std::collections::{HashMap, VecDeque};
+
+use serde_json::Value;
+
+use super::semantic::{self, Canonical};
+
+pub struct Observed {
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+    generation: i64,
+    pool_name: Option<String>,
+    pool_count: Option<i64>,
+    canonical: Canonical,
+    device_names: Vec<String>,
+}
+
+pub struct Desired {
+    pub pool_name: String,
+    canonical: Canonical,
+    device_names: Vec<String>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub generation: i64,
+    /// Observed indices left alone.
+    pub unchanged: Vec<usize>,
+    /// (observed index, desired index)
+    pub updates: Vec<(usize, usize)>,
+    /// Desired indices to create.
+    pub creates: Vec<usize>,
+    /// Observed indices to delete.
+    pub deletes: Vec<usize>,
+}
+
+fn device_names(spec: &Value) -> Vec<String> {
+    let mut names: Vec<String> = spec
+        .get("devices")
+        .and_then(Value::as_array)
+        .map(|devs| {
+            devs.iter()
+                .map(|d| {
+                    d.get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort_unstable();
+    names
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    path.iter().try_fold(v, |v, k| v.get(k))?.as_str()
+}
+
+pub fn parse_desired(index: usize, bytes: &[u8]) -> Result<Desired, String> {
+    let spec: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("desired slice {index}: {e}"))?;
+    if !spec.is_object() {
+        return Err(format!("desired slice {index}: spec is not a JSON object"));
+    }
+    Ok(Desired {
+        pool_name: str_at(&spec, &["pool", "name"]).unwrap_or("").to_owned(),
+        canonical: semantic::canonicalize(&spec),
+        device_names: device_names(&spec),
+    })
+}
+
+pub fn parse_observed(index: usize, bytes: &[u8]) -> Result<Observed, String> {
+    let obj: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("observed slice {index}: {e}"))?;
+    let meta = |k: &str| str_at(&obj, &["metadata", k]).unwrap_or("").to_owned();
+    let name = meta("name");
+    if name.is_empty() {
+        return Err(format!("observed slice {index}: metadata.name is missing"));
+    }
+    let null = Value::Null;
+    let spec = obj.get("spec").unwrap_or(&null);
+    let pool = spec.get("pool").unwrap_or(&null);
+    let int_or_zero = |v: Option<&Value>| match v {
+        None | Some(Value::Null) => Some(0),
+        Some(x) => x.as_i64(),
+    };
+    Ok(Observed {
+        uid: meta("uid"),
+        resource_version: meta("resourceVersion"),
+        // A generation that is not an integer cannot be current; treat it as the oldest.
+        generation: int_or_zero(pool.get("generation")).unwrap_or(i64::MIN),
+        pool_name: match pool.get("name") {
+            None | Some(Value::Null) => Some(String::new()),
+            Some(v) => v.as_str().map(str::to_owned),
+        },
+        pool_count: int_or_zero(pool.get("resourceSliceCount")),
+        canonical: semantic::canonicalize(spec),
+        device_names: device_names(spec),
+        name,
+    })
+}
+
+/// Plans one pool. Observed slices are considered in name order, desired ones in list order.
+pub fn plan(desired: &[Desired], observed: &[Observed]) -> Plan {
+    let mut order: Vec<usize> = (0..observed.len()).collect();
+    order.sort_by(|&a, &b| observed[a].name.cmp(&observed[b].name));
+
+    let mut out = Plan::default();
+    let max_gen = observed
+        .iter()
+        .map(|o| o.generation)
+        .max()
+        .unwrap_or(0)
+        .max(0);
+    let mut deletes = Vec::new();
+    let mut current = Vec::new();
+    for &j in &order {
+        if observed[j].generation < max_gen {
+            deletes.push(j);
+        } else {
+            current.push(j);
+        }
+    }
+    if desired.is_empty() {
+        deletes.extend(current);
+        deletes.sort_unstable();
+        out.deletes = deletes;
+        out.generation = max_gen;
+        return out;
+    }
+
+    // match_of[i] = observed index matched to desired i.
+    let mut match_of: Vec<Option<usize>> = vec![None; desired.len()];
+    let mut taken = vec![false; observed.len()];
+    if current.len() == 1 && desired.len() == 1 {
+        match_of[0] = Some(current[0]);
+        taken[current[0]] = true;
+    } else {
+        // 1. Semantically identical content, by exact canonical key.
+        let mut by_key: HashMap<&str, VecDeque<usize>> = HashMap::with_capacity(current.len());
+        for &j in &current {
+            by_key
+                .entry(observed[j].canonical.key.as_str())
+                .or_default()
+                .push_back(j);
+        }
+        for (i, d) in desired.iter().enumerate() {
+            if let Some(q) = by_key.get_mut(d.canonical.key.as_str()) {
+                if let Some(p) = q
+                    .iter()
+                    .position(|&j| semantic::times_match(&d.canonical, &observed[j].canonical))
+                {
+                    let j = q.remove(p).unwrap_or_default();
+                    match_of[i] = Some(j);
+                    taken[j] = true;
+                }
+            }
+        }
+        // 2. The same set of device names (upstream's sameSlice).
+        let mut by_names: HashMap<&[String], VecDeque<usize>> = HashMap::new();
+        for &j in current.iter().filter(|&&j| !taken[j]) {
+            by_names
+                .entry(observed[j].device_names.as_slice())
+                .or_default()
+                .push_back(j);
+        }
+        for (i, d) in desired.iter().enumerate() {
+            if match_of[i].is_some() {
+                continue;
+            }
+            if let Some(j) = by_names
+                .get_mut(d.device_names.as_slice())
+                .and_then(VecDeque::pop_front)
+            {
+                match_of[i] = Some(j);
+                taken[j] = true;
+            }
+        }
+        // 3. Leftovers are rewritten in place rather than deleted and created.
+        let spare: Vec<usize> = current.iter().copied().filter(|&j| !taken[j]).collect();
+        let mut spare = spare.into_iter();
+        for m in match_of.iter_mut().filter(|m| m.is_none()) {
+            match spare.next() {
+                Some(j) => {
+                    *m = Some(j);
+                    taken[j] = true;
+                }
+                None => break,
+            }
+        }
+    }
+    deletes.extend(current.iter().copied().filter(|&j| !taken[j]));
+    deletes.sort_unstable();
+
+    let count = desired.len() as i64;
+    let mut changed = Vec::new();
+    let mut same = Vec::new();
+    for (i, m) in match_of.iter().enumerate() {
+        match m {
+            Some(j) => {
+                let o = &observed[*j];
+                let d = &desired[i];
+                let pool_same = o.pool_name.as_deref() == Some(d.pool_name.as_str())
+                    && o.pool_count == Some(count);
+                if pool_same && semantic::equal(&d.canonical, &o.canonical) {
+                    same.push(*j);
+                } else {
+                    changed.push((*j, i));
+                }
+            }
+            None => out.creates.push(i),
+        }
+    }
+    if out.creates.is_empty() && changed.len() <= 1 {
+        out.generation = max_gen;
+    } else {
+        // A bump makes every kept slice stale, so all of them are rewritten.
+        out.generation = max_gen + 1;
+        changed = match_of
+            .iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.map(|j| (j, i)))
+            .collect();
+        same.clear();
+    }
+    same.sort_unstable();
+    out.unchanged = same;
+    out.updates = changed;
+    out.deletes = deletes;
+    out
+}
