@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from nodeagent.config.errors import ConfigError
+from nodeagent.plugins.settings import PluginSettings
+
+
+def test_defaults_are_valid() -> None:
+    settings = PluginSettings()
+    settings.validate()
+    assert settings.registry_dir == "/var/lib/nodeagent/plugins_registry"
+    assert settings.allowed_uids is None
+    assert settings.max_message_bytes == 4 * 1024 * 1024
+
+
+def test_toml_keys_are_snake_case_and_unknown_keys_are_refused() -> None:
+    settings = msgspec.toml.decode(
+        b'registry_dir = "/r"\nallowed_uids = [0, 1000]\nscan_interval = 0.5\n', type=PluginSettings
+    )
+    assert settings.allowed_uids == [0, 1000]
+    with pytest.raises(msgspec.ValidationError, match="scan_intervl"):
+        msgspec.toml.decode(b"scan_intervl = 1.0\n", type=PluginSettings)
+
+
+@pytest.mark.parametrize(
+    ("changes", "field", "rule"),
+    [
+        ({"registry_dir": ""}, "plugins.registry_dir", "must not be empty"),
+        ({"allowed_uids": [0, -1]}, "plugins.allowed_uids", ">= 0"),
+        ({"scan_interval": 0.0}, "plugins.scan_interval", "> 0"),
+        ({"probe_interval": float("nan")}, "plugins.probe_interval", "finite"),
+        ({"get_info_timeout": -1.0}, "plugins.get_info_timeout", "> 0"),
+        ({"probe_failures": 0}, "plugins.probe_failures", ">= 1"),
+        ({"max_message_bytes": 10}, "plugins.max_message_bytes", "between 1024"),
+        ({"max_message_bytes": 2**31}, "plugins.max_message_bytes", "between 1024"),
+        (
+            {"registration_backoff_initial": 5.0, "registration_backoff_max": 1.0},
+            "plugins.registration_backoff_max",
+            ">= registration_backoff_initial",
+        ),
+        (
+            {"stream_backoff_initial": 5.0, "stream_backoff_max": 1.0},
+            "plugins.stream_backoff_max",
+            ">= stream_backoff_initial",
+        ),
+    ],
+)
+def test_invalid_values_name_field_value_and_rule(
+    changes: dict[str, object], field: str, rule: str
+) -> None:
+    settings = msgspec.structs.replace(PluginSettings(), **changes)
+    with pytest.raises(ConfigError) as caught:
+        settings.validate()
+    assert caught.value.field == field
+    assert rule in caught.value.rule
