@@ -24,10 +24,11 @@ from nodeagent.kube.metrics import (
     API_LATENCY,
     API_REQUESTS,
     API_RETRIES,
+    AUTH_REFRESHES,
     RATE_LIMIT_WAIT,
     WRITE_OBSERVER_ERRORS,
 )
-from nodeagent.kube.models import ListHead, ObjectMeta
+from nodeagent.kube.models import ListHead, ObjectHead
 from nodeagent.kube.ratelimit import TokenBucket
 from nodeagent.kube.resource import Resource
 from nodeagent.log import get_logger
@@ -77,11 +78,6 @@ class ListResult(Generic[T]):
     resource_version: str
 
 
-class _Head(msgspec.Struct):
-    kind: str = ""
-    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
-
-
 class _DeletedMeta(msgspec.Struct):
     finalizers: list[str] = msgspec.field(default_factory=list)
     deletion_grace_period_seconds: int = msgspec.field(default=0, name="deletionGracePeriodSeconds")
@@ -106,7 +102,7 @@ class _APIResourceList(msgspec.Struct, kw_only=True):
     resources: list[_APIResource] = msgspec.field(default_factory=list)
 
 
-_head_decoder = msgspec.json.Decoder(_Head)
+_head_decoder = msgspec.json.Decoder(ObjectHead)
 _list_head_decoder = msgspec.json.Decoder(ListHead)
 _encoder = msgspec.json.Encoder()
 
@@ -253,8 +249,6 @@ class KubeClient:
                     # A cert rewritten before its key: keep the old identity, retry next request.
                     log.warning("client certificate reload failed", error=str(exc))
                 else:
-                    from nodeagent.kube.metrics import AUTH_REFRESHES
-
                     AUTH_REFRESHES.labels("client_cert").inc()
                     log.info("client certificate files changed: new TLS identity")
                     old, self._http = self._http, fresh
@@ -508,7 +502,7 @@ class KubeClient:
             try:
                 meta = _list_head_decoder.decode(data).metadata
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise errors.ApiError(200, "BadResponse", f"list {path}: {exc}") from None
+                raise errors.BadResponse(f"list {path}: {exc}") from None
             yield ListPage(data, meta.resource_version, meta.continue_)
             if not meta.continue_:
                 return
@@ -611,7 +605,13 @@ class KubeClient:
 
     def _written(self, resource: Resource, verb: Verb, namespace: str | None, data: bytes) -> None:
         if self._observers:
-            meta = _head_decoder.decode(data).metadata
+            try:
+                meta = _head_decoder.decode(data).metadata
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.warning(
+                    "write answer is not an object", resource=resource.plural, error=str(exc)
+                )
+                return
             self._notify(resource, verb, meta.namespace or namespace, meta.name, data)
 
     @overload
@@ -856,7 +856,12 @@ class KubeClient:
         )
         if not self._observers:
             return
-        for raw in msgspec.json.decode(data, type=_RawList).items or []:
+        try:
+            deleted = msgspec.json.decode(data, type=_RawList).items or []
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("deletecollection answer is not a list", error=str(exc))
+            return
+        for raw in deleted:
             item = bytes(raw)
             if _still_exists(item):
                 self._written(resource, "update", namespace, item)
@@ -968,7 +973,10 @@ def _delete_options(
 def _still_exists(data: bytes) -> bool:
     """Whether a DELETE answer is an object that still exists (finalizers or a grace period)
     rather than a Status or the final state of a removed object."""
-    head = msgspec.json.decode(data, type=_DeletedHead)
+    try:
+        head = msgspec.json.decode(data, type=_DeletedHead)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False  # no object in the answer: nothing is left to report
     if head.kind == "Status":
         return False
     return bool(head.metadata.finalizers) or head.metadata.deletion_grace_period_seconds > 0

@@ -96,6 +96,13 @@ class ServiceUnavailable(ApiError):
     pass
 
 
+class BadResponse(ApiError):
+    """A success answer whose body is not what the API promises (not JSON, no metadata)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(200, "BadResponse", message)
+
+
 _BY_REASON: dict[str, type[ApiError]] = {
     "NotFound": NotFound,
     "AlreadyExists": AlreadyExists,

@@ -17,6 +17,7 @@ import msgspec
 import trio
 from prometheus_client import Counter
 
+from nodeagent.kube.errors import BadResponse
 from nodeagent.kube.models import ObjectHead, Status, WatchEvent
 from nodeagent.kube.resource import Resource
 from nodeagent.kube.watch import FeedResult, WatchError
@@ -94,8 +95,9 @@ class ObjectCache:
         try:
             items = _items_decoder.decode(page).items or []
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            # The list cannot be trusted: fail it so the watch loop lists again.
-            raise ValueError(f"undecodable list page for {self.resource}: {exc}") from exc
+            # The list cannot be trusted: fail it so the watch loop lists again later.
+            BAD_EVENTS.labels(self.resource).inc()
+            raise BadResponse(f"undecodable list page for {self.resource}: {exc}") from exc
         for raw in items:
             head = self._head(raw)
             if head is not None:

@@ -96,7 +96,7 @@ class _Watch:
             rv = page.resource_version
         if not rv:
             # Watching from "" would mean "from any point": events could be lost.
-            raise errors.ApiError(200, "BadResponse", f"list {self.label}: no resourceVersion")
+            raise errors.BadResponse(f"list {self.label}: no resourceVersion")
         await self.sink.end_list(rv)
         return rv
 

@@ -220,3 +220,23 @@ async def test_silent_stream_detected_by_inactivity_timeout() -> None:
     watches = [r for r in requests if b"watch=true" in r]
     assert all(b"resourceVersion=7" in r for r in watches)  # resumed, not relisted
     assert sum(b"watch=true" not in r for r in requests) == 1
+
+
+async def test_garbage_list_is_reported_and_retried(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    from prometheus_client import REGISTRY
+
+    def bad() -> float:
+        return REGISTRY.get_sample_value("nodeagent_watch_bad_events_total", {"resource": ""}) or 0
+
+    before = bad()
+    fake.objects = {"a": "3"}
+    fake.list_errors = [
+        httpx.Response(200, content=b"<html>proxy error</html>"),
+        httpx.Response(200, json={"metadata": {}, "items": "not a list"}),
+    ]
+    sink, synced = await _run(fake, lambda: len(fake.watches) == 1)
+    assert len(fake.lists) == 3 and synced == 1
+    assert sink.events == [("ADDED", "a", "3")]
+    assert bad() == before + 1  # the undecodable page; the HTML failed before the sink
