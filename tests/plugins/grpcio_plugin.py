@@ -63,9 +63,13 @@ def message(value: int) -> Any:
 
 def updates(context: grpc.ServicerContext) -> Iterator[Any]:
     seen = 0
+
+    def newer() -> bool:
+        return state["version"] > seen or stopping.is_set()
+
     while context.is_active() and not stopping.is_set():
         with changed:
-            changed.wait_for(lambda: state["version"] > seen or stopping.is_set(), timeout=0.2)
+            changed.wait_for(newer, timeout=0.2)
             if state["version"] <= seen:
                 continue
             seen, value = state["version"], state["value"]

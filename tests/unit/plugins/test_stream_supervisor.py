@@ -93,6 +93,11 @@ def _plugin(socket: str = "/r/p.sock") -> PluginEndpoint:
 SETTINGS = PluginSettings(stream_backoff_initial=1.0, stream_backoff_max=4.0)
 
 
+def _received(handler: _ScriptedHandler) -> int:
+    status = handler.plugin_status("p")
+    return 0 if status is None else int(status["messages_received"])
+
+
 async def _wait(handler: _ScriptedHandler, predicate: Any) -> None:
     while not predicate():
         await handler.changes.wait_newer(handler.changes.version)
@@ -162,7 +167,7 @@ async def test_rejected_messages_keep_the_last_good_one_on_the_same_stream(
     )
     await nursery.start(handler.run)
     await handler.register(_plugin())
-    await _wait(handler, lambda: handler.plugin_status("p")["messages_received"] == 2)  # type: ignore[index]
+    await _wait(handler, lambda: _received(handler) == 2)
     status = handler.plugin_status("p")
     assert status is not None
     assert status["messages_rejected"] == 2
