@@ -8,7 +8,6 @@ import stat
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
-import trio
 import trio_asyncio
 from google.protobuf.message import Message
 from grpclib.server import Stream
@@ -110,28 +109,37 @@ async def serving(
     plugin: PluginServer[Any], bridge: GrpcBridge | None, *, separate_endpoint: bool
 ) -> AsyncIterator[None]:
     """Serve `plugin` until the block exits, then remove its socket(s)."""
-    async with contextlib.AsyncExitStack() as stack:
-        if bridge is None:
-            bridge = await stack.enter_async_context(open_grpc_bridge())
-        os.makedirs(os.path.dirname(plugin.socket_path), mode=0o750, exist_ok=True)
-        paths = [plugin.socket_path] + ([plugin.endpoint] if separate_endpoint else [])
-        for path in paths:
-            remove_stale_socket(path)
-        try:
+    if bridge is None:
+        async with open_grpc_bridge() as own, _serving(plugin, own, separate_endpoint):
+            yield
+    else:
+        async with _serving(plugin, bridge, separate_endpoint):
+            yield
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    plugin: PluginServer[Any], bridge: GrpcBridge, separate_endpoint: bool
+) -> AsyncIterator[None]:
+    _make_dir(os.path.dirname(plugin.socket_path))
+    paths = [plugin.socket_path] + ([plugin.endpoint] if separate_endpoint else [])
+    for path in paths:
+        remove_stale_socket(path)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
             if separate_endpoint:
                 # The service socket first: the agent may dial it as soon as it sees the other.
                 await stack.enter_async_context(bridge.serve(plugin.services(), plugin.endpoint))
-                await stack.enter_async_context(
-                    bridge.serve([plugin.registration], plugin.socket_path)
-                )
+                services = [plugin.registration]
             else:
-                await stack.enter_async_context(
-                    bridge.serve([plugin.registration, *plugin.services()], plugin.socket_path)
-                )
+                services = [plugin.registration, *plugin.services()]
+            await stack.enter_async_context(bridge.serve(services, plugin.socket_path))
             yield
-        finally:
-            with trio.CancelScope(shield=True):
-                await stack.aclose()
-            for path in paths:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+    finally:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+
+def _make_dir(path: str) -> None:
+    os.makedirs(path, mode=0o750, exist_ok=True)
