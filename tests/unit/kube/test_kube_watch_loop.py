@@ -240,3 +240,33 @@ async def test_garbage_list_is_reported_and_retried(
     assert len(fake.lists) == 3 and synced == 1
     assert sink.events == [("ADDED", "a", "3")]
     assert bad() == before + 1  # the undecodable page; the HTML failed before the sink
+
+
+async def test_informer_yields_decoded_events_and_relist_difference(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    from nodeagent.kube.models import ConfigMap
+
+    fake.objects = {"a": "1", "b": "2"}
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    fake.scripts = [[line("MODIFIED", obj("a", "3")), line("ERROR", expired)]]
+
+    async def server(request: httpx.Request) -> httpx.Response:
+        if fake.lists and request.url.params.get("watch") != "true":
+            fake.objects = {"a": "3", "c": "4"}  # what the relist after the 410 sees
+        return await fake(request)
+
+    seen: list[tuple[str, str, str]] = []
+    async with (
+        mock_client(server) as client,
+        client.informer(CONFIGMAPS, into=ConfigMap, namespace="ns") as events,
+    ):
+        async for ev in events:
+            assert isinstance(ev.object, ConfigMap) and ev.raw.startswith(b"{")
+            seen.append((ev.type, ev.object.metadata.name, ev.object.metadata.resource_version))
+            if len(seen) == 5:
+                break
+        assert events.synced.is_set()
+    assert seen[:3] == [("ADDED", "a", "1"), ("ADDED", "b", "2"), ("MODIFIED", "a", "3")]
+    # "a" is unchanged since the event at rv 3: no spurious update.
+    assert sorted(seen[3:]) == [("ADDED", "c", "4"), ("DELETED", "b", "2")]
