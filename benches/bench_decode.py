@@ -104,6 +104,7 @@ def _report(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def _print_ratios(write: Callable[[str], None]) -> None:
+    write("")
     for group, n in (("list", LIST_OBJECTS), ("watch", WATCH_EVENTS)):
         fast, slow = results.get(f"{group}-msgspec"), results.get(f"{group}-json")
         if fast and slow:
