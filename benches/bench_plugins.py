@@ -1,0 +1,311 @@
+"""Plugin message throughput and latency: the gRPC bridge + PluginManager (what nodeagent does)
+against plain asyncio grpclib clients without the bridge, side by side, for 1, 10 and 100
+plugins streaming at once.
+
+Each plugin is a grpclib ReporterPlugin server on its own unix socket. Two phases per run:
+
+- burst (throughput): on "go" every plugin sends its share of BURST messages as fast as flow
+  control allows; throughput = messages / time from "go" to the last message consumed;
+- paced (latency): then every plugin sends its share of PACED messages spread out so that all
+  plugins together send PACED_RATE messages/s (no queueing); latency = plugin send -> consumer.
+  For nodeagent the consumer is a reader of the ReporterPlugin latest-value channel; for the
+  baseline it is the client loop right after validating the message.
+
+Run: .venv/bin/python -m pytest benches/bench_plugins.py --benchmark-only
+Messages/s, p50/p99 latency of each and the ratios are printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import trio
+import trio_asyncio
+from grpclib.client import Channel
+from grpclib.server import Server, Stream
+
+from nodeagent.plugins import PluginManager, PluginSettings, open_grpc_bridge
+from nodeagent.plugins.reporter import validate_report
+from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc
+from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+
+BURST = 6000  # messages per run, split across the plugins
+PACED = 600
+PACED_RATE = 400.0  # messages/s, all plugins together
+PLUGIN_COUNTS = (1, 10, 100)
+
+
+def _message(phase: str, seq: int) -> rep.GetReportContentResponse:
+    # The value is the send time in ns: an int is valid JSON, so validation passes.
+    stamp = str(time.perf_counter_ns()).encode()
+    return rep.GetReportContentResponse(
+        content=[
+            rep.ReportContent(
+                groupVersionKind={"group": "g", "version": "v1alpha1", "kind": "K"},
+                field=[
+                    rep.ReportField(fieldType=rep.Status, fieldName=f"{phase}{seq}", value=stamp),
+                    rep.ReportField(fieldType=rep.Status, fieldName="load", value=b'{"l":1}'),
+                ],
+            )
+        ]
+    )
+
+
+def _latency_ms(message: Any, now_ns: int) -> float | None:
+    """Send -> now for a paced-phase message, None for a burst one."""
+    field = message.content[0].field[0]
+    if not field.fieldName.startswith("p"):
+        return None
+    return (now_ns - int(field.value)) / 1e6
+
+
+class _Plugin(reg_grpc.RegistrationBase, rep_grpc.ReporterPluginBase):
+    """Registration + ReporterPlugin streaming the two phases when told to."""
+
+    def __init__(self, name: str, plugins: int, burst: asyncio.Event, paced: asyncio.Event) -> None:
+        self.name = name
+        self.burst_count = BURST // plugins
+        self.paced_count = PACED // plugins
+        self.interval = plugins / PACED_RATE
+        self.burst = burst
+        self.paced = paced
+
+    def __mapping__(self) -> dict[str, Any]:
+        return {
+            **reg_grpc.RegistrationBase.__mapping__(self),
+            **rep_grpc.ReporterPluginBase.__mapping__(self),
+        }
+
+    async def GetInfo(self, stream: Stream[reg.InfoRequest, reg.PluginInfo]) -> None:
+        await stream.recv_message()
+        await stream.send_message(
+            reg.PluginInfo(type="ReporterPlugin", name=self.name, supported_versions=["v1alpha1"])
+        )
+
+    async def NotifyRegistrationStatus(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        await stream.send_message(reg.RegistrationStatusResponse())
+
+    async def GetReportContent(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        await stream.send_message(rep.GetReportContentResponse())
+
+    async def ListAndWatchReportContent(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        await self.burst.wait()
+        for seq in range(self.burst_count):
+            await stream.send_message(_message("b", seq))
+        await self.paced.wait()
+        # Spread the plugins over one interval so they do not all send at the same instant.
+        await asyncio.sleep(self.interval * (hash(self.name) % 1000) / 1000)
+        for seq in range(self.paced_count):
+            await stream.send_message(_message("p", seq))
+            await asyncio.sleep(self.interval)
+        await asyncio.Event().wait()  # a watch stays open
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+Result = tuple[float, list[float]]  # burst seconds, paced latencies (ms)
+
+
+# -- nodeagent: PluginManager on the trio-asyncio bridge ------------------------------------------
+
+
+async def _new_event() -> asyncio.Event:
+    return asyncio.Event()
+
+
+async def _set(event: asyncio.Event) -> None:
+    event.set()
+
+
+async def _run_bridge(plugins: int, directory: str) -> Result:
+    settings = PluginSettings(registry_dir=directory, scan_interval=0.05, probe_interval=60.0)
+    burst_total = (BURST // plugins) * plugins
+    total = burst_total + (PACED // plugins) * plugins
+    latencies: list[float] = []
+    async with open_grpc_bridge() as bridge, trio.open_nursery() as nursery:
+        burst = await trio_asyncio.aio_as_trio(_new_event)()
+        paced = await trio_asyncio.aio_as_trio(_new_event)()
+        async with contextlib.AsyncExitStack() as servers:
+            for i in range(plugins):
+                plugin = _Plugin(f"p{i}", plugins, burst, paced)
+                path = os.path.join(directory, f"p{i}.sock")
+                await servers.enter_async_context(bridge.serve([plugin], path))
+            manager = PluginManager(settings, bridge)
+            await nursery.start(manager.run)
+            handler: Any = manager._handlers["ReporterPlugin"]
+
+            def streams_open() -> int:
+                names = handler.plugin_names()
+                return sum(handler._entries[n].stream.state == "open" for n in names)
+
+            while streams_open() < plugins:
+                await handler.changes.wait_newer(handler.changes.version)
+            channel = manager.channel("ReporterPlugin")
+            start = time.perf_counter()
+            await trio_asyncio.aio_as_trio(_set)(burst)
+            version = channel.version
+            while handler.messages_received < burst_total:
+                version, _ = await channel.wait_newer(version)
+            elapsed = time.perf_counter() - start
+            await trio_asyncio.aio_as_trio(_set)(paced)
+            seen: dict[str, Any] = {}
+            while handler.messages_received < total:
+                version, value = await channel.wait_newer(version)
+                now = time.perf_counter_ns()
+                for name, data in value.items():
+                    if seen.get(name) is not data.message:
+                        seen[name] = data.message
+                        latency = _latency_ms(data.message, now)
+                        if latency is not None:
+                            latencies.append(latency)
+            nursery.cancel_scope.cancel()
+    return elapsed, latencies
+
+
+# -- baseline: plain asyncio grpclib clients, no bridge ------------------------------------------
+
+
+async def _run_asyncio(plugins: int, directory: str) -> Result:
+    burst, paced = asyncio.Event(), asyncio.Event()
+    servers = []
+    for i in range(plugins):
+        server = Server([_Plugin(f"p{i}", plugins, burst, paced)])
+        await server.start(path=os.path.join(directory, f"p{i}.sock"))
+        servers.append(server)
+    latencies: list[float] = []
+    opened = 0
+    all_open = asyncio.Event()
+    burst_left = (BURST // plugins) * plugins
+    burst_done = asyncio.Event()
+
+    async def consume(i: int) -> None:
+        nonlocal opened, burst_left
+        channel = Channel(path=os.path.join(directory, f"p{i}.sock"))
+        stub = rep_grpc.ReporterPluginStub(channel)
+        last: dict[str, Any] = {}
+        try:
+            async with stub.ListAndWatchReportContent.open() as stream:
+                await stream.send_message(rep.Empty(), end=True)
+                opened += 1
+                if opened == plugins:
+                    all_open.set()
+                for _ in range(BURST // plugins + PACED // plugins):
+                    message = await stream.recv_message()
+                    validate_report(message)
+                    last[f"p{i}"] = message
+                    latency = _latency_ms(message, time.perf_counter_ns())
+                    if latency is None:
+                        burst_left -= 1
+                        if burst_left == 0:
+                            burst_done.set()
+                    else:
+                        latencies.append(latency)
+                await stream.cancel()
+        finally:
+            channel.close()
+
+    tasks = [asyncio.ensure_future(consume(i)) for i in range(plugins)]
+    await all_open.wait()
+    start = time.perf_counter()
+    burst.set()
+    await burst_done.wait()
+    elapsed = time.perf_counter() - start
+    paced.set()
+    await asyncio.gather(*tasks)
+    for server in servers:
+        server.close()
+        await server.wait_closed()
+    return elapsed, latencies
+
+
+# -- pytest-benchmark plumbing ------------------------------------------------------------------
+
+results: dict[str, tuple[float, float, float]] = {}
+
+
+@pytest.fixture
+def directory() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="na-bench-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        _print_ratios(print)
+
+
+def _print_ratios(write: Callable[[str], None]) -> None:
+    for n in PLUGIN_COUNTS:
+        ours, base = results.get(f"bridge-{n}"), results.get(f"asyncio-{n}")
+        if not ours or not base:
+            continue
+        write(
+            f"plugins={n:<3} bridge+manager {ours[0]:>8,.0f} msg/s p50 {ours[1]:6.2f} ms "
+            f"p99 {ours[2]:7.2f} ms | plain asyncio grpclib {base[0]:>8,.0f} msg/s "
+            f"p50 {base[1]:6.2f} ms p99 {base[2]:7.2f} ms | ratio: throughput "
+            f"{base[0] / ours[0]:.2f}x lower, p50 latency {ours[1] / base[1]:.2f}x higher"
+        )
+
+
+def _record(key: str, elapsed: float, latencies: list[float], plugins: int) -> None:
+    total = (BURST // plugins) * plugins
+    results[key] = (
+        total / elapsed,
+        statistics.median(latencies),
+        _percentile(latencies, 0.99),
+    )
+
+
+@pytest.mark.parametrize("plugins", PLUGIN_COUNTS)
+def test_bridge_manager_stream_throughput(benchmark: Any, directory: str, plugins: int) -> None:
+    runs: list[Result] = []
+
+    def run() -> None:
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        runs.append(trio.run(_run_bridge, plugins, directory))
+
+    benchmark.group = f"plugin-stream-{plugins}"
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    elapsed, latencies = runs[-1]
+    assert latencies
+    _record(f"bridge-{plugins}", elapsed, latencies, plugins)
+
+
+@pytest.mark.parametrize("plugins", PLUGIN_COUNTS)
+def test_plain_asyncio_grpclib_stream_throughput(
+    benchmark: Any, directory: str, plugins: int
+) -> None:
+    runs: list[Result] = []
+
+    def run() -> None:
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        runs.append(asyncio.run(_run_asyncio(plugins, directory)))
+
+    benchmark.group = f"plugin-stream-{plugins}"
+    benchmark.pedantic(run, rounds=1, iterations=1)
+    elapsed, latencies = runs[-1]
+    assert len(latencies) == (PACED // plugins) * plugins
+    _record(f"asyncio-{plugins}", elapsed, latencies, plugins)
