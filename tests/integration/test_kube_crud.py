@@ -296,7 +296,7 @@ class _Cond(msgspec.Struct):
 
 
 class _CrdStatus(msgspec.Struct):
-    conditions: list[_Cond] = []
+    conditions: list[_Cond] | None = None  # null until the apiserver sets the first one
 
 
 class _Crd(msgspec.Struct):
@@ -309,7 +309,9 @@ async def _widgets(admin: KubeClient) -> Resource:
     with trio.fail_after(30):  # the apiserver establishes the CRD asynchronously
         while True:
             crd = await admin.get(CUSTOMRESOURCEDEFINITIONS, f"widgets.{CRD_GROUP}", into=_Crd)
-            if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions):
+            if any(
+                c.type == "Established" and c.status == "True" for c in crd.status.conditions or []
+            ):
                 break
             await trio.sleep(0.1)
     with trio.fail_after(30):

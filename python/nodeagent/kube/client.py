@@ -5,32 +5,23 @@ from __future__ import annotations
 
 import builtins
 import random
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Self, TypeVar, cast, overload
 
 import httpx
 import msgspec
-import trio
 
 from nodeagent.kube import errors
-from nodeagent.kube.auth import TlsSource, TokenSource, token_source
-from nodeagent.kube.backoff import Backoff
+from nodeagent.kube.auth import TokenSource
 from nodeagent.kube.kubeconfig import ClusterConfig
-from nodeagent.kube.metrics import (
-    API_LATENCY,
-    API_REQUESTS,
-    API_RETRIES,
-    AUTH_REFRESHES,
-    RATE_LIMIT_WAIT,
-    WRITE_OBSERVER_ERRORS,
-)
+from nodeagent.kube.metrics import WRITE_OBSERVER_ERRORS
 from nodeagent.kube.models import ListHead, ObjectHead
 from nodeagent.kube.ratelimit import TokenBucket
 from nodeagent.kube.resource import Resource
+from nodeagent.kube.transport import Transport
 from nodeagent.log import get_logger
 
 if TYPE_CHECKING:
@@ -125,16 +116,6 @@ def encode_body(obj: Body) -> bytes:
     return obj if isinstance(obj, bytes) else _encoder.encode(obj)
 
 
-class _Http:
-    """One httpx client (one TLS identity) and the requests still using it."""
-
-    def __init__(self, client: httpx.AsyncClient, fingerprint: tuple[object, ...] | None) -> None:
-        self.client = client
-        self.fingerprint = fingerprint
-        self.users = 0
-        self.retired = False
-
-
 def _selector_params(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
     params: dict[str, str] = {}
     if label_selector:
@@ -150,6 +131,16 @@ class KubeClient:
     Reads return raw JSON bytes, or a decoded struct when ``into=`` names a type. Writes take
     bytes, a dict or a struct the caller built (never a decoded view: it lacks the fields the
     view does not declare).
+
+    ``qps``/``burst``: the token bucket every request, list and watch (re)connect shares.
+    ``request_timeout``: deadline of one unary attempt. ``max_attempts``, ``retry_backoff``
+    (initial, max seconds): bounded retries of unary calls; ``max_retry_after`` caps a server's
+    Retry-After. ``watch_inactivity_timeout``: a watch silent this long is reconnected;
+    ``watch_timeout``: the range the server-side ``timeoutSeconds`` is drawn from;
+    ``watch_backoff``: (initial, max) delay between failing watch attempts. ``page_size``:
+    ``limit`` of list pages. ``token_reread_interval``: token files are re-read this often (and
+    after a 401). ``exec_skew``: exec credentials are renewed this long before they expire.
+    ``transport``: an httpx transport to use instead of real connections (tests).
     """
 
     def __init__(
@@ -173,35 +164,33 @@ class KubeClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.config = config
-        self._transport = transport  # tests inject faults here; None: real connections
-        self.request_timeout = request_timeout
-        self.connect_timeout = connect_timeout
         self.watch_inactivity_timeout = watch_inactivity_timeout
         self.watch_timeout = watch_timeout
         self.watch_backoff = watch_backoff
-        self.max_attempts = max(1, max_attempts)
-        self.retry_backoff = retry_backoff
         self.max_retry_after = max_retry_after
         self.page_size = page_size
         self.rng = rng or random.Random()
-        self.limiter = TokenBucket(qps, burst)
-        self.tokens: TokenSource | None = token_source(
-            config, reread_interval=token_reread_interval, exec_skew=exec_skew
+        self.transport = Transport(
+            config,
+            qps=qps,
+            burst=burst,
+            request_timeout=request_timeout,
+            connect_timeout=connect_timeout,
+            max_attempts=max_attempts,
+            retry_backoff=retry_backoff,
+            max_retry_after=max_retry_after,
+            token_reread_interval=token_reread_interval,
+            exec_skew=exec_skew,
+            rng=self.rng,
+            transport=transport,
         )
-        self._tls = TlsSource(config) if config.server.startswith("https://") else None
-        self._extensions: dict[str, Any] = (
-            {"sni_hostname": config.tls_server_name} if config.tls_server_name else {}
-        )
-        self._http: _Http | None = None
-        self._retired: set[_Http] = set()
         self._observers: builtins.list[Callable[[WriteEvent], None]] = []
         self._discovery: dict[str, dict[str, Resource]] = {}
-        self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self._http = self._new_http()
+        self.transport.open()
         return self
 
     async def __aexit__(
@@ -213,55 +202,7 @@ class KubeClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        self._closed = True
-        with trio.CancelScope(shield=True):
-            for http in [*self._retired, *([self._http] if self._http else [])]:
-                await http.client.aclose()
-        self._retired.clear()
-        self._http = None
-
-    def _new_http(self) -> _Http:
-        fingerprint = None
-        verify: Any = True
-        if self._tls is not None:
-            fingerprint = self._tls.fingerprint()
-            verify = self._tls.build()
-        client = httpx.AsyncClient(
-            base_url=self.config.server,
-            verify=verify,
-            timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
-            headers={"Accept": _JSON, "User-Agent": "nodeagent"},
-            trust_env=False,
-            transport=self._transport,
-        )
-        return _Http(client, fingerprint)
-
-    def _current_http(self) -> _Http:
-        if self._http is None or self._closed:
-            raise RuntimeError("KubeClient used outside `async with`")
-        if self._tls is not None:
-            fingerprint = self._tls.fingerprint()
-            if fingerprint is not None and fingerprint != self._http.fingerprint:
-                try:
-                    fresh = self._new_http()
-                except (OSError, ValueError) as exc:
-                    # A cert rewritten before its key: keep the old identity, retry next request.
-                    log.warning("client certificate reload failed", error=str(exc))
-                else:
-                    AUTH_REFRESHES.labels("client_cert").inc()
-                    log.info("client certificate files changed: new TLS identity")
-                    old, self._http = self._http, fresh
-                    old.retired = True
-                    self._retired.add(old)
-        return self._http
-
-    async def _release(self, http: _Http) -> None:
-        http.users -= 1
-        if http.retired and http.users == 0 and http in self._retired:
-            self._retired.discard(http)
-            with trio.CancelScope(shield=True):
-                await http.client.aclose()
+        await self.transport.aclose()
 
     # -- write observers ------------------------------------------------------------------
 
@@ -282,51 +223,13 @@ class KubeClient:
 
     # -- transport ------------------------------------------------------------------------
 
-    async def _headers(self) -> dict[str, str]:
-        if self.tokens is None:
-            return {}
-        return {"Authorization": f"Bearer {await self.tokens.token()}"}
+    @property
+    def limiter(self) -> TokenBucket:
+        return self.transport.limiter
 
-    async def _attempt(
-        self,
-        method: str,
-        path: str,
-        params: Mapping[str, str] | None,
-        body: bytes | None,
-        content_type: str | None,
-        verb: str,
-        resource: str,
-    ) -> tuple[int, httpx.Headers, bytes]:
-        RATE_LIMIT_WAIT.observe(await self.limiter.acquire())
-        headers = await self._headers()
-        if content_type:
-            headers["Content-Type"] = content_type
-        http = self._current_http()
-        http.users += 1
-        start = time.perf_counter()
-        try:
-            with trio.fail_after(self.request_timeout):
-                resp = await http.client.request(
-                    method,
-                    path,
-                    params=params,
-                    content=body,
-                    headers=headers,
-                    extensions=self._extensions,
-                )
-        except trio.TooSlowError:
-            API_REQUESTS.labels(verb, resource, "error").inc()
-            raise errors.TransportError(
-                f"{method} {path}: no answer within {self.request_timeout}s", sent=True
-            ) from None
-        except httpx.TransportError as exc:
-            API_REQUESTS.labels(verb, resource, "error").inc()
-            raise _transport_error(method, path, exc) from exc
-        finally:
-            await self._release(http)
-        API_LATENCY.labels(verb, resource).observe(time.perf_counter() - start)
-        API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
-        return resp.status_code, resp.headers, resp.content
+    @property
+    def tokens(self) -> TokenSource | None:
+        return self.transport.tokens
 
     async def request(
         self,
@@ -340,51 +243,19 @@ class KubeClient:
         resource: str = "",
         idempotent: bool = True,
     ) -> bytes:
-        """One API call with rate limiting, auth refresh on 401 and bounded retries.
+        """Any API call, with rate limiting, auth refresh and retries; see `Transport`."""
+        return await self.transport.request(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            verb=verb,
+            resource=resource,
+            idempotent=idempotent,
+        )
 
-        A non-idempotent call is retried only when it provably never reached the server (a
-        connect failure) or on 429; an idempotent one also on other transport errors, 500,
-        503, 504 and server timeouts.
-        """
-        verb = verb or method.lower()
-        backoff = Backoff(*self.retry_backoff, rng=self.rng)
-        reauthenticated = False
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                code, headers, data = await self._attempt(
-                    method, path, params, body, content_type, verb, resource
-                )
-            except errors.TransportError as exc:
-                if (exc.sent and not idempotent) or attempt >= self.max_attempts:
-                    raise
-                delay = backoff.next()
-                API_RETRIES.labels(verb, resource, "transport").inc()
-                log.debug("retrying", verb=verb, path=path, error=exc.message, delay=delay)
-                await trio.sleep(delay)
-                continue
-            if code < 400:
-                return data
-            err = errors.error_from_response(code, data, headers)
-            if isinstance(err, errors.Unauthorized) and self.tokens and not reauthenticated:
-                # A rotated token or an expired exec credential: fetch a fresh one, once.
-                reauthenticated = True
-                self.tokens.invalidate()
-                attempt -= 1
-                continue
-            if attempt >= self.max_attempts or not _retryable(err, idempotent):
-                raise err
-            if err.retry_after is not None:
-                delay = min(err.retry_after, self.max_retry_after)
-            else:
-                delay = backoff.next()
-            API_RETRIES.labels(verb, resource, str(code)).inc()
-            log.debug("retrying", verb=verb, path=path, code=code, delay=delay)
-            await trio.sleep(delay)
-
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         path: str,
         params: Mapping[str, str],
@@ -392,57 +263,11 @@ class KubeClient:
         read_timeout: float,
         verb: str = "watch",
         resource: str = "",
-    ) -> AsyncIterator[httpx.Response]:
-        """A streaming GET (one attempt; the watch loop owns retries). ``read_timeout`` bounds
-        the wait for each chunk, so a silently dead stream raises `TransportError`."""
-        reauthenticated = False
-        while True:
-            RATE_LIMIT_WAIT.observe(await self.limiter.acquire())
-            headers = await self._headers()
-            http = self._current_http()
-            http.users += 1
-            try:
-                request = http.client.build_request(
-                    "GET",
-                    path,
-                    params=params,
-                    headers=headers,
-                    timeout=httpx.Timeout(
-                        self.request_timeout, connect=self.connect_timeout, read=read_timeout
-                    ),
-                    extensions=self._extensions,
-                )
-                start = time.perf_counter()
-                try:
-                    resp = await http.client.send(request, stream=True)
-                except httpx.TransportError as exc:
-                    API_REQUESTS.labels(verb, resource, "error").inc()
-                    raise _transport_error("GET", path, exc) from exc
-                API_LATENCY.labels(verb, resource).observe(time.perf_counter() - start)
-                API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
-                try:
-                    if resp.status_code >= 400:
-                        try:
-                            data = await resp.aread()
-                        except httpx.TransportError as exc:
-                            raise _transport_error("GET", path, exc) from exc
-                        err = errors.error_from_response(resp.status_code, data, resp.headers)
-                        if (
-                            isinstance(err, errors.Unauthorized)
-                            and self.tokens
-                            and not reauthenticated
-                        ):
-                            reauthenticated = True
-                            self.tokens.invalidate()
-                            continue
-                        raise err
-                    yield resp
-                    return
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await resp.aclose()
-            finally:
-                await self._release(http)
+    ) -> AbstractAsyncContextManager[httpx.Response]:
+        """A streaming GET, one attempt; see `Transport.stream`."""
+        return self.transport.stream(
+            path, params, read_timeout=read_timeout, verb=verb, resource=resource
+        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -930,23 +755,6 @@ def _typed_list(tp: type[Any]) -> type[Any]:
         name = f"{getattr(tp, '__name__', 'Item')}List"
         found = _typed_lists[tp] = msgspec.defstruct(name, [("items", items_type, None)])
     return found
-
-
-def _retryable(err: errors.ApiError, idempotent: bool) -> bool:
-    if isinstance(err, errors.TooManyRequests):
-        return True
-    if not idempotent:
-        return False
-    return isinstance(
-        err, errors.InternalError | errors.ServiceUnavailable | errors.ServerTimeout
-    ) or err.code in (502, 503, 504)
-
-
-def _transport_error(method: str, path: str, exc: httpx.TransportError) -> errors.TransportError:
-    # Connect-phase failures (DNS, refused, TLS handshake, pool) never reached the server.
-    sent = not isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout)
-    what = type(exc).__name__
-    return errors.TransportError(f"{method} {path}: {what}: {exc}", sent=sent)
 
 
 def _delete_options(
