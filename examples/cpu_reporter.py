@@ -52,7 +52,7 @@ async def main(registry_dir: str, name: str, interval: float) -> None:
 
             async def refresh() -> None:
                 while True:
-                    plugin.report(snapshot())
+                    await plugin.report(snapshot())
                     await trio.sleep(interval)
 
             nursery.start_soon(refresh)

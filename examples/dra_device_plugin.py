@@ -42,7 +42,7 @@ async def main(registry_dir: str, name: str, count: int, separate_endpoint: bool
         async with DevicePlugin.serve(
             name=name, registry_dir=registry_dir, separate_endpoint=separate_endpoint
         ) as plugin:
-            plugin.publish(devices(count))
+            await plugin.publish(devices(count))
             log.info("device plugin serving", socket=plugin.socket_path, devices=count)
             async for signum in signals:
                 log.info("stopping", signal=signal.Signals(signum).name)

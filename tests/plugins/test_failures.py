@@ -121,7 +121,7 @@ async def test_plugin_process_restarting_on_the_same_path_re_registers(
         async with ReporterPlugin.serve(
             name="phoenix", registry_dir=registry, bridge=bridge
         ) as plugin:
-            plugin.report([ReportItem("g", "v1alpha1", "K", "Status", "gen", generation)])
+            await plugin.report([ReportItem("g", "v1alpha1", "K", "Status", "gen", generation)])
             with trio.fail_after(WAIT):
                 await plugin.wait_registered()
             await wait_until(
@@ -141,14 +141,14 @@ async def test_two_reporters_with_the_same_name_newest_wins(
     first_dir = os.path.join(registry, "one")
     second_dir = os.path.join(registry, "two")
     async with ReporterPlugin.serve(name="dup", registry_dir=first_dir, bridge=bridge) as first:
-        first.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "first")])
+        await first.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "first")])
         with trio.fail_after(WAIT):
             await first.wait_registered()
         await wait_until(manager, lambda: "dup" in channel.value)
         async with ReporterPlugin.serve(
             name="dup", registry_dir=second_dir, bridge=bridge
         ) as second:
-            second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second")])
+            await second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second")])
             with trio.fail_after(WAIT):
                 await second.wait_registered()
             await wait_until(
@@ -161,8 +161,8 @@ async def test_two_reporters_with_the_same_name_newest_wins(
             )
             assert by_socket[second.socket_path]["stream_state"] == "open"
             # The first plugin's updates no longer reach the consumer.
-            first.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "stale")])
-            second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second-2")])
+            await first.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "stale")])
+            await second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second-2")])
             await wait_until(
                 manager,
                 lambda: channel.value["dup"].message.content[0].field[0].value == b'"second-2"',
@@ -271,20 +271,20 @@ async def test_invalid_and_oversized_messages_are_rejected_and_last_good_data_ke
     invalid_before = _errors("message_invalid")
     large_before = _errors("message_too_large")
     async with ReporterPlugin.serve(name="bad", registry_dir=registry, bridge=bridge) as plugin:
-        plugin.publish_message(report("good", b'{"v":1}'))
+        await plugin.publish_message(report("good", b'{"v":1}'))
         await wait_until(manager, lambda: "bad" in channel.value)
         for bad in (
             report("broken", b"{not json"),
             report("", b"1"),
             rep.GetReportContentResponse(content=[rep.ReportContent(field=[])]),
         ):
-            plugin.publish_message(bad)
+            await plugin.publish_message(bad)
             rejected = plugin_status(manager, "bad")["messages_rejected"]  # type: ignore[index]
             await wait_until(
                 manager,
                 lambda r=rejected: plugin_status(manager, "bad")["messages_rejected"] > r,  # type: ignore[index,misc]
             )
-        plugin.publish_message(report("huge", json.dumps("x" * 4096).encode()))
+        await plugin.publish_message(report("huge", json.dumps("x" * 4096).encode()))
         await wait_until(
             manager,
             lambda: plugin_status(manager, "bad")["messages_rejected"] == 4,  # type: ignore[index]
@@ -296,7 +296,7 @@ async def test_invalid_and_oversized_messages_are_rejected_and_last_good_data_ke
         assert status is not None
         assert status["last_message"]["content"][0]["field"][0]["fieldName"] == "good"
         # The same stream goes on: the next good message is taken.
-        plugin.publish_message(report("better", b"2"))
+        await plugin.publish_message(report("better", b"2"))
         await wait_until(
             manager,
             lambda: channel.value["bad"].message.content[0].field[0].fieldName == "better",

@@ -41,7 +41,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
         "nodeagent_plugin_registrations_total", type="ReporterPlugin", outcome="success"
     )
     async with ReporterPlugin.serve(name="cpu", registry_dir=registry, bridge=bridge) as plugin:
-        plugin.report([_item({"cpu": 1})])
+        await plugin.report([_item({"cpu": 1})])
         with trio.fail_after(WAIT):
             await plugin.wait_registered()
             version, data = await channel.wait_newer(0)
@@ -65,7 +65,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
             == registered_before + 1
         )
 
-        plugin.report([_item({"cpu": 2})])
+        await plugin.report([_item({"cpu": 2})])
         with trio.fail_after(WAIT):
             while json.loads(data["cpu"].message.content[0].field[0].value) != {"cpu": 2}:
                 version, data = await channel.wait_newer(version)
@@ -86,7 +86,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
 
     # Re-appears: registers again and streams again.
     async with ReporterPlugin.serve(name="cpu", registry_dir=registry, bridge=bridge) as plugin:
-        plugin.report([_item({"cpu": 3})])
+        await plugin.report([_item({"cpu": 3})])
         with trio.fail_after(WAIT):
             await plugin.wait_registered()
         await wait_until(
@@ -109,7 +109,7 @@ async def test_dra_plugin_with_separate_endpoint_streams_devices(
     async with DevicePlugin.serve(
         name="gpu.example.com", registry_dir=registry, bridge=bridge, separate_endpoint=True
     ) as plugin:
-        plugin.publish([Device("gpu-0", {"memory": Quantity("40Gi"), "index": 0})])
+        await plugin.publish([Device("gpu-0", {"memory": Quantity("40Gi"), "index": 0})])
         with trio.fail_after(WAIT):
             await plugin.wait_registered()
         await wait_until(manager, lambda: "gpu.example.com" in channel.value)
@@ -121,7 +121,7 @@ async def test_dra_plugin_with_separate_endpoint_streams_devices(
         assert instance.name == "gpu-0"
         assert instance.attributes[0].attributeValue.quantity.string == "40Gi"
 
-        plugin.publish([Device("gpu-0"), Device("gpu-1")])
+        await plugin.publish([Device("gpu-0"), Device("gpu-1")])
         await wait_until(
             manager,
             lambda: (
@@ -137,7 +137,7 @@ async def test_socket_deleted_while_streaming_deregisters_and_keeps_data(
 ) -> None:
     channel = manager.channel("ReporterPlugin")
     async with ReporterPlugin.serve(name="mem", registry_dir=registry, bridge=bridge) as plugin:
-        plugin.report([_item({"mem": 1})])
+        await plugin.report([_item({"mem": 1})])
         with trio.fail_after(WAIT):
             await plugin.wait_registered()
         await wait_until(manager, lambda: "mem" in channel.value)

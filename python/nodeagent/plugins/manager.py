@@ -9,6 +9,7 @@ a plugin that stops answering GetInfo probes is deregistered (the kubelet's conn
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,8 @@ class PluginManager:
             handlers = [DraHandler(bridge, settings), ReporterHandler(bridge, settings)]
         self._handlers: dict[str, PluginHandler] = {h.plugin_type: h for h in handlers}
         self._uid_allowed = uid_check or allowed_uids_check(settings.allowed_uids)
-        self._root = settings.registry_dir
+        # Absolute, so every socket path derived from it passes the inside-the-registry check.
+        self._root = os.path.abspath(settings.registry_dir)
         self._desired = DesiredState()
         self._actual = ActualState()
         self._records: dict[str, _Record] = {}
@@ -300,7 +302,8 @@ class PluginManager:
             record.state = "rejected" if rejected else "failed"
             record.last_error = str(exc)
             outcome = "rejected" if rejected else "failed"
-            plugin_type = record.plugin_type or "unknown"
+            # Only known types become label values: a plugin must not mint metric series.
+            plugin_type = record.plugin_type if record.plugin_type in self._handlers else "unknown"
             metrics.REGISTRATIONS.labels(type=plugin_type, outcome=outcome).inc()
             metrics.ERRORS.labels(kind=exc.kind).inc()
             if rejected:

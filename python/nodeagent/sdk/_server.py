@@ -8,6 +8,7 @@ import stat
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
+import trio
 import trio_asyncio
 from google.protobuf.message import Message
 from grpclib.server import Stream
@@ -87,9 +88,10 @@ class PluginServer(Generic[M]):
         while not self.registered:
             await self.registration.status.wait_newer(self.registration.status.version)
 
-    def publish_message(self, message: M) -> None:
+    async def publish_message(self, message: M) -> None:
         """Send `message` as the plugin's whole state on every open stream (newest wins)."""
         self.latest.set(message)
+        await trio.lowlevel.checkpoint()
 
     async def _stream_updates(self, stream: Stream[Any, M]) -> None:
         """The body of a list-and-watch handler: send every new state until the agent leaves."""

@@ -2,7 +2,7 @@
 
 ```python
 async with DevicePlugin.serve(name="gpu.example.com", registry_dir=dir) as plugin:
-    plugin.publish([Device("gpu-0", {"model": "A100", "memory": Quantity("40Gi")})])
+    await plugin.publish([Device("gpu-0", {"model": "A100", "memory": Quantity("40Gi")})])
 ```
 """
 
@@ -126,9 +126,9 @@ class DevicePlugin(PluginServer[api_pb2.NodeListAndWatchResourcesResponse]):
     def services(self) -> list[Any]:
         return [_NodeService(self)]
 
-    def publish(self, devices: Sequence[Device]) -> None:
+    async def publish(self, devices: Sequence[Device]) -> None:
         """Replace the plugin's whole device list; every open stream sends it."""
-        self.publish_message(build_resources(devices))
+        await self.publish_message(build_resources(devices))
 
     @classmethod
     @asynccontextmanager

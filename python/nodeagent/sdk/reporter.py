@@ -2,7 +2,7 @@
 
 ```python
 async with ReporterPlugin.serve(name="cpu-reporter", registry_dir=dir) as plugin:
-    plugin.report([ReportItem(group="node.katalyst.kubewharf.io", version="v1alpha1",
+    await plugin.report([ReportItem(group="node.katalyst.kubewharf.io", version="v1alpha1",
                               kind="CustomNodeResource", field_type="Status",
                               field_name="resources", value={...})])
 ```
@@ -86,9 +86,9 @@ class ReporterPlugin(PluginServer[api_pb2.GetReportContentResponse]):
     def services(self) -> list[Any]:
         return [_ReporterService(self)]
 
-    def report(self, items: Sequence[ReportItem]) -> None:
+    async def report(self, items: Sequence[ReportItem]) -> None:
         """Replace the plugin's whole report; every open stream sends it."""
-        self.publish_message(build_report(items))
+        await self.publish_message(build_report(items))
 
     @classmethod
     @asynccontextmanager
