@@ -5,9 +5,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import tempfile
+from typing import Any
 
 import trio
+from grpclib import GRPCError
+from grpclib.const import Status
 from prometheus_client import REGISTRY
 
 from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
@@ -336,3 +340,50 @@ async def test_plugin_that_stops_answering_probes_is_deregistered_then_comes_bac
         assert _errors("probe") >= probes_before + 2
         service.fail_get_info = False
         await wait_until(manager, lambda: state_of(manager, "flaky") == "registered")
+
+
+def _replace_with_file(path: str) -> None:
+    shutil.rmtree(path)
+    with open(path, "w") as f:
+        f.write("not a directory")
+
+
+class _NoNotify(ScriptedRegistration):
+    async def NotifyRegistrationStatus(self, stream: Any) -> None:
+        raise GRPCError(Status.UNIMPLEMENTED, "no notify here")
+
+
+async def test_failing_notify_does_not_undo_a_registration(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    notify_errors = _errors("notify")
+    service = _NoNotify(_info("mute"))
+    async with bridge.serve([service, CrashingReporter(0)], os.path.join(registry, "mute.sock")):
+        await wait_until(manager, lambda: "mute" in manager.channel("ReporterPlugin").value)
+        assert state_of(manager, "mute") == "registered"
+        assert _errors("notify") == notify_errors + 1
+
+
+async def test_registry_trouble_is_reported_and_recovered(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    root = os.path.join(registry, "reg")
+    manager = PluginManager(fast_settings(root), bridge)
+    assert manager.readiness() == (False, "plugin registry not scanned yet")
+    await nursery.start(manager.run)
+    assert manager.readiness()[0]
+    async with ReporterPlugin.serve(name="r", registry_dir=root, bridge=bridge) as plugin:
+        with trio.fail_after(WAIT):
+            await plugin.wait_registered()
+        # The directory is replaced by a file: scanning fails, nothing is deregistered.
+        _replace_with_file(root)
+        await wait_until(manager, lambda: not manager.readiness()[0])
+        reason = manager.readiness()[1]
+        assert "plugin registry scan failing" in reason and root in reason
+        assert state_of(manager, "r") == "registered"
+    # The file goes: the directory is recreated and the plugin, whose socket went with the
+    # directory, is deregistered.
+    os.unlink(root)
+    await wait_until(manager, lambda: manager.readiness()[0])
+    assert stat.S_ISDIR(os.stat(root).st_mode)
+    await wait_until(manager, lambda: state_of(manager, "r") == "deregistered")

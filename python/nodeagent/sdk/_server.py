@@ -139,8 +139,8 @@ async def _serving(
             yield
     finally:
         for path in paths:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.unlink(path)  # already gone, possibly with its directory
 
 
 def _make_dir(path: str) -> None:
