@@ -70,44 +70,21 @@ impl<'a> Scanner<'a> {
         }
         self.pos += 1;
         let start = self.pos;
-        let mut escaped = false;
         let buf = self.buf;
+        let mut escaped = false;
         let mut i = self.pos;
-        // Most strings in Kubernetes objects are short keys and names, where a plain loop beats
-        // the setup cost of a vectorised search; long values fall through to memchr below.
-        let short_end = (i + 24).min(buf.len());
-        while i < short_end {
-            let c = buf[i];
-            if c == b'"' {
-                self.pos = i + 1;
-                return Ok((&buf[start..i], false));
-            }
-            if c == b'\\' {
-                break;
-            }
-            if c < 0x20 {
-                self.pos = i;
-                return self.err("control character in string");
-            }
-            i += 1;
-        }
         loop {
-            match memchr::memchr2(b'"', b'\\', &buf[i..]) {
+            let j = find_special(buf, i);
+            match buf.get(j) {
                 None => {
                     self.pos = buf.len();
                     return self.err("unterminated string");
                 }
-                Some(off) => {
-                    let j = i + off;
-                    // Branch-free fold so it vectorises; strings are mostly long and clean.
-                    if buf[i..j].iter().fold(false, |bad, &c| bad | (c < 0x20)) {
-                        self.pos = j;
-                        return self.err("control character in string");
-                    }
-                    if buf[j] == b'"' {
-                        self.pos = j + 1;
-                        return Ok((&buf[start..j], escaped));
-                    }
+                Some(b'"') => {
+                    self.pos = j + 1;
+                    return Ok((&buf[start..j], escaped));
+                }
+                Some(b'\\') => {
                     escaped = true;
                     i = j + 1;
                     match buf.get(i) {
@@ -125,6 +102,10 @@ impl<'a> Scanner<'a> {
                             return self.err("bad escape");
                         }
                     }
+                }
+                Some(_) => {
+                    self.pos = j;
+                    return self.err("control character in string");
                 }
             }
         }
@@ -329,6 +310,46 @@ impl<'a> Scanner<'a> {
             self.string().map(Some)
         }
     }
+}
+
+/// The index of the first byte at or after `i` that ends a run of plain string characters
+/// (a quote, a backslash or a control character), or `buf.len()`.
+#[inline]
+fn find_special(buf: &[u8], mut i: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{
+            __m128i, _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8,
+            _mm_or_si128, _mm_set1_epi8,
+        };
+        // SAFETY: SSE2 is part of the x86_64 baseline, and every load reads 16 bytes
+        // starting at `i` with `i + 16 <= buf.len()` (unaligned loads are allowed).
+        unsafe {
+            let quote = _mm_set1_epi8(b'"' as i8);
+            let backslash = _mm_set1_epi8(b'\\' as i8);
+            let ctl = _mm_set1_epi8(0x1f);
+            while i + 16 <= buf.len() {
+                let v = _mm_loadu_si128(buf.as_ptr().add(i).cast::<__m128i>());
+                // max(v, 0x1f) == 0x1f exactly for the bytes <= 0x1f (unsigned).
+                let special = _mm_or_si128(
+                    _mm_or_si128(_mm_cmpeq_epi8(v, quote), _mm_cmpeq_epi8(v, backslash)),
+                    _mm_cmpeq_epi8(_mm_max_epu8(v, ctl), ctl),
+                );
+                let mask = _mm_movemask_epi8(special);
+                if mask != 0 {
+                    return i + mask.trailing_zeros() as usize;
+                }
+                i += 16;
+            }
+        }
+    }
+    while let Some(&c) = buf.get(i) {
+        if c == b'"' || c == b'\\' || c < 0x20 {
+            return i;
+        }
+        i += 1;
+    }
+    buf.len()
 }
 
 /// Decodes a quoted JSON string with escapes (including surrogate pairs).

@@ -4,6 +4,7 @@ mod json;
 mod parse;
 mod rv;
 pub mod table;
+mod uid;
 
 use std::sync::{Mutex, MutexGuard};
 

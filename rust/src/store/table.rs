@@ -11,11 +11,23 @@ use rustc_hash::FxHashSet;
 
 use super::parse::{self, Event, Keyed};
 use super::rv::Rv;
+use super::uid::Uid;
 
 pub struct Obj {
-    pub uid: Box<str>,
+    pub uid: Uid,
     pub rv: Rv,
-    pub raw: Box<[u8]>,
+    /// With a little spare capacity, so most updates overwrite the buffer in place.
+    pub raw: Vec<u8>,
+}
+
+/// Allocation granule of object buffers: updates that grow by less than this reuse the buffer
+/// (saving a malloc/free pair per event) for at most this much slack per object.
+const RAW_GRANULE: usize = 64;
+
+fn new_raw(raw: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(raw.len().div_ceil(RAW_GRANULE) * RAW_GRANULE);
+    v.extend_from_slice(raw);
+    v
 }
 
 enum Local {
@@ -23,11 +35,7 @@ enum Local {
     Upsert(Obj, f64),
     /// A delete: hides the object until the watch confirms, unless the watch shows a newer
     /// object with another uid (someone re-created it).
-    Tombstone {
-        uid: Box<str>,
-        rv: Rv,
-        deadline: f64,
-    },
+    Tombstone { uid: Uid, rv: Rv, deadline: f64 },
 }
 
 impl Local {
@@ -134,14 +142,17 @@ pub fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("", key))
 }
 
-type Map = hashbrown::HashMap<Box<str>, Entry>;
+/// Keys up to 24 bytes (most "namespace/name") live inline in the table: no pointer chase
+/// (a cache miss on a large store) to compare them.
+type Key = compact_str::CompactString;
+type Map = hashbrown::HashMap<Key, Entry, rustc_hash::FxBuildHasher>;
 
 /// Bookkeeping kept beside the map, so a mutation can hold one `&mut Entry` (one hash lookup
 /// per event) while updating it.
 #[derive(Default)]
 struct Book {
-    dirty: Vec<Box<str>>,
-    locals: FxHashSet<Box<str>>,
+    dirty: Vec<Key>,
+    locals: FxHashSet<Key>,
     raw_bytes: usize,
 }
 
@@ -160,14 +171,14 @@ impl Book {
     }
 
     fn set_watch(&mut self, e: &mut Entry, obj: Option<Obj>) {
-        self.raw_bytes += obj.as_ref().map_or(0, |o| o.raw.len());
+        self.raw_bytes += obj.as_ref().map_or(0, |o| o.raw.capacity());
         let old = std::mem::replace(&mut e.watch, obj);
-        self.raw_bytes -= old.as_ref().map_or(0, |o| o.raw.len());
+        self.raw_bytes -= old.as_ref().map_or(0, |o| o.raw.capacity());
     }
 
     fn set_local(&mut self, key: &str, e: &mut Entry, local: Option<Local>) {
         let sz = |l: &Option<Box<Local>>| match l.as_deref() {
-            Some(Local::Upsert(o, _)) => o.raw.len(),
+            Some(Local::Upsert(o, _)) => o.raw.capacity(),
             _ => 0,
         };
         self.raw_bytes -= sz(&e.local);
@@ -203,19 +214,26 @@ impl Table {
         Table::default()
     }
 
-    pub fn watch_upsert(&mut self, key: &str, uid: &str, rv: Rv, raw: Box<[u8]>) {
+    pub fn watch_upsert(&mut self, key: &str, uid: Uid, rv: Rv, raw: &[u8]) {
         let generation = self.generation;
         let e = self.map.entry_ref(key).or_insert_with(Entry::new);
         e.seen = generation;
         if e.watch.as_ref().is_some_and(|w| w.rv == rv) {
             return;
         }
-        // Updates keep their uid: reuse the held string instead of allocating a new one.
-        let uid = match e.watch.as_mut() {
-            Some(w) if &*w.uid == uid => std::mem::take(&mut w.uid),
-            _ => uid.into(),
+        // An update reuses the held buffer when the new version fits.
+        let buf = match e.watch.as_mut() {
+            Some(w) if w.raw.capacity() >= raw.len() => {
+                let mut b = std::mem::take(&mut w.raw);
+                self.book.raw_bytes -= b.capacity();
+                b.clear();
+                b.extend_from_slice(raw);
+                self.book.raw_bytes += b.capacity();
+                b
+            }
+            _ => new_raw(raw),
         };
-        let obj = Obj { uid, rv, raw };
+        let obj = Obj { uid, rv, raw: buf };
         let before = e.effective_rv();
         let drop_local = match e.local.as_deref() {
             Some(Local::Upsert(l, _)) => obj.rv.supersedes(&l.rv),
@@ -294,7 +312,7 @@ impl Table {
         if self.book.locals.is_empty() {
             return 0;
         }
-        let expired: Vec<Box<str>> = self
+        let expired: Vec<Key> = self
             .book
             .locals
             .iter()
@@ -369,7 +387,7 @@ impl Table {
         match parse::event(line)? {
             Event::Upsert(h) => {
                 let k = h.keyed()?;
-                self.keyed_upsert(&k, line[h.start..h.end].into());
+                self.keyed_upsert(&k, &line[h.start..h.end]);
                 set_rv(&mut out.resource_version, &k.resource_version);
             }
             Event::Delete(h) => {
@@ -397,10 +415,15 @@ impl Table {
         Ok(false)
     }
 
-    fn keyed_upsert(&mut self, k: &Keyed<'_>, raw: Box<[u8]>) {
+    fn keyed_upsert(&mut self, k: &Keyed<'_>, raw: &[u8]) {
         let mut key = std::mem::take(&mut self.keybuf);
         make_key(&mut key, &k.namespace, &k.name);
-        self.watch_upsert(&key, &k.uid, Rv::parse(&k.resource_version), raw);
+        self.watch_upsert(
+            &key,
+            Uid::parse(&k.uid),
+            Rv::parse(&k.resource_version),
+            raw,
+        );
         self.keybuf = key;
     }
 
@@ -424,7 +447,7 @@ impl Table {
         for h in &page.items {
             match h.keyed() {
                 Ok(k) => {
-                    self.keyed_upsert(&k, parse::item_bytes(body, h, kind, api_version));
+                    self.keyed_upsert(&k, &parse::item_bytes(body, h, kind, api_version));
                     out.items += 1;
                 }
                 Err(e) => {
@@ -444,7 +467,7 @@ impl Table {
             return 0;
         }
         let generation = self.generation;
-        let gone: Vec<Box<str>> = self
+        let gone: Vec<Key> = self
             .map
             .iter()
             .filter(|(_, e)| e.watch.is_some() && e.seen != generation)
@@ -498,7 +521,7 @@ impl Table {
                 .map
                 .values()
                 .filter_map(|e| e.watch.as_ref())
-                .map(|o| o.uid.len())
+                .map(|o| o.uid.heap_bytes())
                 .sum::<usize>()
     }
 
@@ -525,7 +548,7 @@ impl Table {
     pub fn drain(
         &mut self,
         mut verdict: impl FnMut(&str) -> Verdict,
-    ) -> Vec<(DeltaKind, Box<str>, String)> {
+    ) -> Vec<(DeltaKind, Key, String)> {
         let dirty = std::mem::take(&mut self.book.dirty);
         let mut out = Vec::new();
         for key in dirty {
@@ -590,9 +613,9 @@ fn set_rv(slot: &mut Option<String>, rv: &str) {
     }
 }
 
-fn make_obj(k: &Keyed<'_>, raw: Box<[u8]>) -> Obj {
+fn make_obj(k: &Keyed<'_>, raw: Vec<u8>) -> Obj {
     Obj {
-        uid: (*k.uid).into(),
+        uid: Uid::parse(&k.uid),
         rv: Rv::parse(&k.resource_version),
         raw,
     }
@@ -606,6 +629,6 @@ pub fn local_obj(raw: &[u8]) -> Result<(String, Obj), String> {
     let k = h.keyed()?;
     let mut key = String::new();
     make_key(&mut key, &k.namespace, &k.name);
-    let obj = make_obj(&k, raw.into());
+    let obj = make_obj(&k, new_raw(raw));
     Ok((key, obj))
 }
