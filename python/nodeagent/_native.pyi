@@ -35,3 +35,34 @@ class Store:
     def shown_keys(self) -> list[tuple[str, str]]: ...
     def memory_usage(self) -> int: ...
     def __len__(self) -> int: ...
+
+# --- ResourceSlice planner (rust/src/planner; owned by the resources/ publisher) -------------
+
+# (observed index, desired index, observed name, observed resourceVersion)
+PlanUpdate = tuple[int, int, str, str]
+# (observed index, name, uid, resourceVersion): delete with UID + resourceVersion preconditions
+PlanDelete = tuple[int, str, str, str]
+# (pool generation, unchanged observed indices, updates, desired indices to create, deletes)
+PoolPlan = tuple[int, list[int], list[PlanUpdate], list[int], list[PlanDelete]]
+
+def quantity_parse(s: str) -> tuple[int, str]:
+    """(value in nanos, "BinarySI" | "DecimalSI" | "DecimalExponent"); ValueError if invalid."""
+
+def quantity_canonical(s: str) -> str:
+    """The canonical spelling ("1024Mi" -> "1Gi", "1.5" -> "1500m"); ValueError if invalid."""
+
+def quantity_cmp(a: str, b: str) -> int:
+    """-1, 0 or 1 comparing two quantities by value; ValueError if either is invalid."""
+
+def slice_spec_equal(a: bytes, b: bytes) -> bool:
+    """Semantic equality of two ResourceSlice spec JSON objects, ignoring `pool`. Releases the
+    GIL; ValueError for invalid JSON."""
+
+def plan_pool(desired: list[bytes], observed: list[bytes]) -> PoolPlan:
+    """Plans one pool. `desired`: spec JSON objects of one pool in slice order (their
+    pool.generation and resourceSliceCount are ignored); `observed`: the pool's ResourceSlice
+    objects as the store holds them. Updated and created slices get
+    pool {name, generation, resourceSliceCount=len(desired)}. Releases the GIL; ValueError for
+    invalid JSON or desired slices of different pools."""
+
+# --- end of ResourceSlice planner ---------------------------------------------------------------

@@ -1,0 +1,337 @@
+"""ResourceSlice (`resource.k8s.io/v1`) models, the internal inventory model, its validation and
+the split of a pool's devices into slice specs.
+
+The inventory model is the v1 device itself: both plugin APIs convert into it, so the publisher
+has one shape to validate, split and plan, and the native API maps onto v1 one-to-one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import msgspec
+
+from nodeagent.resources.quantity import QuantityError, canonicalize
+
+API_VERSION = "resource.k8s.io/v1"
+KIND = "ResourceSlice"
+
+MAX_DEVICES_PER_SLICE = 128
+# Taints and counter consumption make devices larger; upstream halves the limit for them.
+MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_TAINTS = 16
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS = 32
+MAX_ATTRIBUTE_STRING = 64
+
+
+class _Base(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+    pass
+
+
+class DeviceAttribute(_Base):
+    """Exactly one of the values is set."""
+
+    int_: int | None = msgspec.field(default=None, name="int")
+    bool_: bool | None = msgspec.field(default=None, name="bool")
+    string: str | None = None
+    version: str | None = None
+
+
+class DeviceCapacity(_Base):
+    value: str
+
+
+class Counter(_Base):
+    value: str
+
+
+class CounterSet(_Base):
+    name: str
+    counters: dict[str, Counter] = {}
+
+
+class DeviceCounterConsumption(_Base):
+    counter_set: str
+    counters: dict[str, Counter] = {}
+
+
+class DeviceTaint(_Base):
+    key: str
+    effect: str
+    value: str = ""
+    time_added: str | None = None
+
+
+class Device(_Base):
+    name: str
+    attributes: dict[str, DeviceAttribute] = {}
+    capacity: dict[str, DeviceCapacity] = {}
+    consumes_counters: list[DeviceCounterConsumption] = []
+    taints: list[DeviceTaint] = []
+
+
+class ResourcePool(_Base):
+    name: str
+    generation: int = 0
+    resource_slice_count: int = 0
+
+
+class ResourceSliceSpec(_Base):
+    driver: str
+    pool: ResourcePool
+    node_name: str | None = None
+    devices: list[Device] = []
+    shared_counters: list[CounterSet] = []
+
+
+class OwnerReference(_Base):
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
+class ObjectMeta(_Base):
+    name: str = ""
+    generate_name: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    owner_references: list[OwnerReference] = []
+
+
+class ResourceSlice(msgspec.Struct, kw_only=True, rename="camel"):
+    api_version: str = API_VERSION
+    kind: str = KIND
+    metadata: ObjectMeta
+    spec: ResourceSliceSpec
+
+
+# --- the internal inventory model -------------------------------------------------------------
+
+
+class Pool(msgspec.Struct, kw_only=True, frozen=True):
+    name: str
+    devices: list[Device] = []
+    shared_counters: list[CounterSet] = []
+
+
+class Inventory(msgspec.Struct, kw_only=True, frozen=True):
+    """One plugin's whole inventory: every message replaces the previous one."""
+
+    driver: str
+    pools: list[Pool] = []
+
+
+class InvalidInventory(ValueError):
+    """An inventory broke rules; each error names the device (or pool) and the rule."""
+
+    def __init__(self, driver: str, errors: list[str]) -> None:
+        self.driver = driver
+        self.errors = errors
+        super().__init__(f"invalid inventory of driver {driver!r}: " + "; ".join(errors))
+
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_SEMVER = re.compile(
+    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-((0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
+    r"(\.(0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
+)
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
+
+
+def is_dns_label(s: str) -> bool:
+    return len(s) <= 63 and _DNS_LABEL.fullmatch(s) is not None
+
+
+def is_dns_subdomain(s: str, limit: int = 253) -> bool:
+    return 0 < len(s) <= limit and all(is_dns_label(p) for p in s.split("."))
+
+
+def is_qualified_name(s: str) -> bool:
+    """A C identifier (<= 32) or `<DNS subdomain <= 63>/<C identifier <= 32>`."""
+    domain, sep, ident = s.rpartition("/")
+    if sep and not is_dns_subdomain(domain, 63):
+        return False
+    return len(ident) <= 32 and _C_IDENTIFIER.fullmatch(ident) is not None
+
+
+def _is_label_key(s: str) -> bool:
+    prefix, sep, name = s.rpartition("/")
+    if sep and not is_dns_subdomain(prefix):
+        return False
+    return len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
+
+
+def _counters(where: str, counters: dict[str, Counter], errors: list[str]) -> None:
+    if len(counters) > MAX_COUNTERS:
+        errors.append(f"{where}: {len(counters)} counters, at most {MAX_COUNTERS} allowed")
+    for name, counter in counters.items():
+        if not is_dns_label(name):
+            errors.append(f"{where}: counter name {name!r} must be a DNS label")
+        _quantity(f"{where}: counter {name!r}", counter.value, errors)
+
+
+def _quantity(where: str, value: str, errors: list[str]) -> None:
+    try:
+        canonicalize(value)
+    except QuantityError as exc:
+        errors.append(f"{where}: {exc}")
+
+
+def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> None:
+    at = f"device {d.name!r}"
+    if not is_dns_label(d.name):
+        errors.append(f"{at}: name must be a DNS label (lowercase alphanumerics and '-', <= 63)")
+    n = len(d.attributes) + len(d.capacity)
+    if n > MAX_ATTRIBUTES_AND_CAPACITIES:
+        errors.append(
+            f"{at}: {n} attributes and capacities, at most {MAX_ATTRIBUTES_AND_CAPACITIES} allowed"
+        )
+    for name, attr in d.attributes.items():
+        here = f"{at}: attribute {name!r}"
+        if not is_qualified_name(name):
+            errors.append(f"{here}: name must be a C identifier (<= 32) or domain/identifier")
+        if name in d.capacity:
+            errors.append(f"{here}: name is also used by a capacity")
+        values = [v for v in (attr.int_, attr.bool_, attr.string, attr.version) if v is not None]
+        if len(values) != 1:
+            errors.append(f"{here}: exactly one of int, bool, string, version must be set")
+        for text in (attr.string, attr.version):
+            if text is not None and len(text) > MAX_ATTRIBUTE_STRING:
+                errors.append(f"{here}: longer than {MAX_ATTRIBUTE_STRING} characters")
+        if attr.version is not None and not _SEMVER.fullmatch(attr.version):
+            errors.append(f"{here}: version {attr.version!r} is not semantic versioning 2.0.0")
+    for name, cap in d.capacity.items():
+        here = f"{at}: capacity {name!r}"
+        if not is_qualified_name(name):
+            errors.append(f"{here}: name must be a C identifier (<= 32) or domain/identifier")
+        _quantity(here, cap.value, errors)
+    if len(d.taints) > MAX_TAINTS:
+        errors.append(f"{at}: {len(d.taints)} taints, at most {MAX_TAINTS} allowed")
+    for i, taint in enumerate(d.taints):
+        here = f"{at}: taint {i}"
+        if not _is_label_key(taint.key):
+            errors.append(f"{here}: key {taint.key!r} must be a qualified label key")
+        if len(taint.value) > 63 or not _LABEL_VALUE.fullmatch(taint.value):
+            errors.append(f"{here}: value {taint.value!r} must be a label value")
+        if taint.effect not in TAINT_EFFECTS:
+            errors.append(f"{here}: effect {taint.effect!r} must be one of {TAINT_EFFECTS}")
+        if taint.time_added is not None and not _RFC3339.fullmatch(taint.time_added):
+            errors.append(f"{here}: timeAdded {taint.time_added!r} must be RFC 3339")
+    for use in d.consumes_counters:
+        here = f"{at}: consumesCounters {use.counter_set!r}"
+        known = counter_sets.get(use.counter_set)
+        if known is None:
+            errors.append(f"{here}: no such shared counter set in the pool")
+            continue
+        for name in use.counters:
+            if name not in known:
+                errors.append(f"{here}: counter {name!r} is not in the set")
+        _counters(here, use.counters, errors)
+
+
+def validate_inventory(inv: Inventory) -> None:
+    """Raises InvalidInventory listing every broken rule."""
+    errors: list[str] = []
+    if not is_dns_subdomain(inv.driver, 63):
+        errors.append(f"driver {inv.driver!r}: must be a DNS subdomain of at most 63 characters")
+    pools: set[str] = set()
+    for pool in inv.pools:
+        at = f"pool {pool.name!r}"
+        parts = pool.name.split("/")
+        if len(pool.name) > 253 or not all(is_dns_subdomain(p) for p in parts):
+            errors.append(f"{at}: name must be DNS subdomains joined by '/', <= 253 characters")
+        if pool.name in pools:
+            errors.append(f"{at}: duplicate pool name")
+        pools.add(pool.name)
+        if len(pool.shared_counters) > MAX_COUNTER_SETS:
+            errors.append(f"{at}: {len(pool.shared_counters)} counter sets, at most 8 allowed")
+        sets: dict[str, set[str]] = {}
+        for cs in pool.shared_counters:
+            if not is_dns_label(cs.name):
+                errors.append(f"{at}: counter set {cs.name!r}: name must be a DNS label")
+            if cs.name in sets:
+                errors.append(f"{at}: counter set {cs.name!r}: duplicate name")
+            sets[cs.name] = set(cs.counters)
+            _counters(f"{at}: counter set {cs.name!r}", cs.counters, errors)
+        names: set[str] = set()
+        for d in pool.devices:
+            if d.name in names:
+                errors.append(f"device {d.name!r}: duplicate device name in {at}")
+            names.add(d.name)
+            _device(d, sets, errors)
+    if errors:
+        raise InvalidInventory(inv.driver, errors)
+
+
+# --- desired slices -----------------------------------------------------------------------------
+
+
+def _canonical_counters(counters: dict[str, Counter]) -> dict[str, Counter]:
+    return {k: Counter(value=canonicalize(c.value)) for k, c in counters.items()}
+
+
+def _canonical_device(d: Device) -> Device:
+    return msgspec.structs.replace(
+        d,
+        capacity={k: DeviceCapacity(value=canonicalize(c.value)) for k, c in d.capacity.items()},
+        consumes_counters=[
+            msgspec.structs.replace(u, counters=_canonical_counters(u.counters))
+            for u in d.consumes_counters
+        ],
+    )
+
+
+def _heavy(d: Device) -> bool:
+    return bool(d.taints or d.consumes_counters)
+
+
+def split_devices(devices: Iterable[Device]) -> list[list[Device]]:
+    """Consecutive chunks of at most 128 devices, 64 in a chunk holding a tainted or
+    counter-consuming device; always at least one chunk."""
+    chunks: list[list[Device]] = [[]]
+    heavy = False
+    for d in devices:
+        now_heavy = heavy or _heavy(d)
+        limit = (
+            MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if now_heavy else MAX_DEVICES_PER_SLICE
+        )
+        if len(chunks[-1]) + 1 > limit:
+            chunks.append([])
+            now_heavy = _heavy(d)
+        chunks[-1].append(d)
+        heavy = now_heavy
+    return chunks
+
+
+def desired_slices(driver: str, pool: Pool, node_name: str) -> list[ResourceSliceSpec]:
+    """The pool's slice specs, quantities in canonical form; the planner fills in the pool's
+    generation and slice count. Shared counters go with the first slice."""
+    chunks = split_devices(_canonical_device(d) for d in pool.devices)
+    shared = [
+        msgspec.structs.replace(cs, counters=_canonical_counters(cs.counters))
+        for cs in pool.shared_counters
+    ]
+    return [
+        ResourceSliceSpec(
+            driver=driver,
+            pool=ResourcePool(name=pool.name, resource_slice_count=len(chunks)),
+            node_name=node_name,
+            devices=chunk,
+            shared_counters=shared if i == 0 else [],
+        )
+        for i, chunk in enumerate(chunks)
+    ]
