@@ -9,11 +9,13 @@ import stat
 import tempfile
 from typing import Any
 
+import pytest
 import trio
 from grpclib import GRPCError
 from grpclib.const import Status
 from prometheus_client import REGISTRY
 
+from nodeagent.config.errors import ConfigError
 from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
@@ -368,7 +370,8 @@ async def test_registry_trouble_is_reported_and_recovered(
     bridge: GrpcBridge, registry: str, nursery: trio.Nursery
 ) -> None:
     root = os.path.join(registry, "reg")
-    manager = PluginManager(fast_settings(root), bridge)
+    # No probes: only what the registry scan does is under test (the socket goes with the dir).
+    manager = PluginManager(fast_settings(root, probe_interval=600.0), bridge)
     assert manager.readiness() == (False, "plugin registry not scanned yet")
     await nursery.start(manager.run)
     assert manager.readiness()[0]
@@ -387,3 +390,14 @@ async def test_registry_trouble_is_reported_and_recovered(
     await wait_until(manager, lambda: manager.readiness()[0])
     assert stat.S_ISDIR(os.stat(root).st_mode)
     await wait_until(manager, lambda: state_of(manager, "r") == "deregistered")
+
+
+async def test_uncreatable_registry_dir_refuses_to_start_naming_the_field(
+    bridge: GrpcBridge, registry: str
+) -> None:
+    _replace_with_file(registry)
+    manager = PluginManager(fast_settings(os.path.join(registry, "sub")), bridge)
+    with pytest.raises(ConfigError) as caught:
+        await manager.run()
+    assert caught.value.field == "plugins.registry_dir"
+    assert "cannot create directory: Not a directory" in caught.value.rule

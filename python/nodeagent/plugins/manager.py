@@ -16,6 +16,7 @@ from typing import Any
 
 import trio
 
+from nodeagent.config.errors import ConfigError
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.backoff import ExponentialBackoff
@@ -119,8 +120,16 @@ class PluginManager:
         return self._handlers[plugin_type].latest
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run until cancelled; started() once the registry dir exists and the first scan ran."""
-        ensure_registry_dir(self._root)
+        """Run until cancelled; started() once the registry dir exists and the first scan ran.
+
+        Raises ConfigError (plugins.registry_dir) when the directory cannot be created.
+        """
+        try:
+            ensure_registry_dir(self._root)
+        except OSError as exc:
+            raise ConfigError(
+                "plugins.registry_dir", self._root, f"cannot create directory: {exc.strerror}"
+            ) from exc
         async with trio.open_nursery() as nursery:
             for handler in self._handlers.values():
                 await nursery.start(handler.run)
@@ -219,9 +228,9 @@ class PluginManager:
         except OSError as exc:
             self._scan_failed(exc)  # keep the last good state: nothing is deregistered
             return
+        changed = not self._scanned or bool(self._scan_error)  # readiness changed
         self._scanned = True
         self._scan_error = ""
-        changed = False
         for path, identity in found.items():
             if self._seen.get(path) != identity:
                 self._desired.add_or_update(path, identity)
@@ -234,9 +243,12 @@ class PluginManager:
             self._kick()
 
     def _scan_failed(self, exc: OSError) -> None:
-        self._scan_error = f"{self._root}: {exc.strerror or exc}"
+        error = f"{self._root}: {exc.strerror or exc}"
         metrics.ERRORS.labels(kind="scan").inc()
-        log.warning("plugin registry scan failed", path=self._root, error=str(exc))
+        if error != self._scan_error:  # log once per distinct failure, not once per scan
+            log.warning("plugin registry scan failed", path=self._root, error=str(exc))
+            self._scan_error = error
+            self.changes.set(None)  # readiness changed
 
     # -- reconciler --------------------------------------------------------------------------
 
