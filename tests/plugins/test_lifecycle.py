@@ -169,3 +169,29 @@ async def test_registry_dir_is_created_private_and_dot_files_are_ignored(
         with trio.fail_after(WAIT):
             await nested.wait_registered()
         assert [item["name"] for item in manager.status()] == ["nested"]
+
+
+async def test_manager_restarted_by_a_supervisor_registers_everything_again(
+    bridge: GrpcBridge, registry: str
+) -> None:
+    from tests.plugins.conftest import fast_settings
+
+    manager = PluginManager(fast_settings(registry), bridge)
+    channel = manager.channel("ReporterPlugin")
+    gauge = _metric("nodeagent_plugins_registered", type="ReporterPlugin")
+    async with ReporterPlugin.serve(name="steady", registry_dir=registry, bridge=bridge) as plugin:
+        await plugin.report([_item({"n": 1})])
+        for _run in range(2):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(manager.run)
+                with trio.fail_after(WAIT):
+                    await plugin.wait_registration()
+                await wait_until(
+                    manager,
+                    lambda: (
+                        (plugin_status(manager, "steady") or {}).get("stream_state") == "open"
+                        and "steady" in channel.value
+                    ),
+                )
+                nursery.cancel_scope.cancel()  # the manager crashes or is restarted
+    assert _metric("nodeagent_plugins_registered", type="ReporterPlugin") >= 0

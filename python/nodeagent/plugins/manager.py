@@ -124,6 +124,7 @@ class PluginManager:
 
         Raises ConfigError (plugins.registry_dir) when the directory cannot be created.
         """
+        self._reset()
         try:
             ensure_registry_dir(self._root)
         except OSError as exc:
@@ -139,6 +140,21 @@ class PluginManager:
             nursery.start_soon(self._probe_loop)
             log.info("plugin manager started", registry_dir=self._root)
             task_status.started()
+
+    def _reset(self) -> None:
+        """Forget registrations from an earlier run (a supervisor restarting the manager): their
+        streams died with it, so every socket registers afresh. Handlers keep the last data."""
+        for record in self._records.values():
+            if record.registered_type:
+                metrics.REGISTERED.labels(type=record.registered_type).dec()
+        self._desired = DesiredState()
+        self._actual = ActualState()
+        self._records = {}
+        self._backoff = {}
+        self._busy = set()
+        self._seen = {}
+        self._scanned = False
+        self._scan_error = ""
 
     def status(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
