@@ -193,5 +193,5 @@ async def test_manager_restarted_by_a_supervisor_registers_everything_again(
                         and "steady" in channel.value
                     ),
                 )
+                assert _metric("nodeagent_plugins_registered", type="ReporterPlugin") == gauge + 1
                 nursery.cancel_scope.cancel()  # the manager crashes or is restarted
-    assert _metric("nodeagent_plugins_registered", type="ReporterPlugin") >= 0
