@@ -308,6 +308,7 @@ class PluginManager:
             if gone and socket not in self._busy and self._actual.get(socket) is None:
                 del self._records[socket]
                 self._backoff.pop(socket, None)
+                self.changes.set(None)
         return next_due
 
     async def _register(self, wanted: DesiredPlugin) -> None:
