@@ -9,6 +9,7 @@ pub mod store;
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<store::Store>()?;
+    m.add_class::<store::pmap::PMap>()?;
     planner::register(m)?;
     Ok(())
 }

@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar, cast
 
+from nodeagent._native import PMap
 from nodeagent.accumulator.selectors import FieldSelector, LabelSelector
 from nodeagent.kube.resource import Resource
 
@@ -80,41 +81,51 @@ class Query(Generic[T]):
 
 class ObjectMap(Mapping[ObjectKey, T]):
     """An immutable snapshot of one query: objects keyed by `ObjectKey`, iterated in
-    (namespace, name) order. A new map is built only for a query that changed."""
+    (namespace, name) order. Successive snapshots share storage (a persistent B-tree in Rust),
+    so producing the next one costs in proportion to the changes, not to the size."""
 
-    __slots__ = ("_objs", "_order")
+    __slots__ = ("_m",)
 
-    def __init__(
-        self, objs: dict[ObjectKey, T] | None = None, order: list[ObjectKey] | None = None
-    ) -> None:
-        self._objs: dict[ObjectKey, T] = objs if objs is not None else {}
-        self._order: list[ObjectKey] = order if order is not None else sorted(self._objs)
+    def __init__(self, pmap: PMap | None = None) -> None:
+        self._m = pmap if pmap is not None else PMap()
 
     def __getitem__(self, key: ObjectKey) -> T:
-        return self._objs[key]
+        obj = self._m.get(key[0], key[1])
+        if obj is None:
+            raise KeyError(key)
+        return cast(T, obj)
 
     def __iter__(self) -> Iterator[ObjectKey]:
-        return iter(self._order)
+        return iter(cast(list[ObjectKey], self._m.keys()))
 
     def __len__(self) -> int:
-        return len(self._objs)
+        return len(self._m)
 
     def __contains__(self, key: object) -> bool:
-        return key in self._objs
+        return (
+            isinstance(key, tuple)
+            and len(key) == 2
+            and isinstance(key[0], str)
+            and isinstance(key[1], str)
+            and self._m.contains(key[0], key[1])
+        )
 
     def __repr__(self) -> str:
         return f"ObjectMap({len(self)} objects)"
 
     def items_list(self) -> list[tuple[ObjectKey, T]]:
-        objs = self._objs
-        return [(k, objs[k]) for k in self._order]
+        return cast(list[tuple[ObjectKey, T]], self._m.items())
 
     def values_list(self) -> list[T]:
-        objs = self._objs
-        return [objs[k] for k in self._order]
+        return cast(list[T], self._m.values())
 
     def lookup(self, namespace: str, name: str) -> T | None:
-        return self._objs.get(ObjectKey(namespace, name))
+        return cast(T | None, self._m.get(namespace, name))
+
+    def updated(self, changes: list[tuple[str, str, ObjectKey, T | None]]) -> ObjectMap[T]:
+        """A new map with ``changes`` applied ((namespace, name, key, object or None to
+        remove)); this one is unchanged."""
+        return ObjectMap(self._m.updated(cast(list[tuple[str, str, object, object]], changes)))
 
 
 def delta_type(code: int) -> DeltaType:

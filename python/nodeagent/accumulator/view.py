@@ -1,9 +1,8 @@
-"""One query's side of `update()`: drain the store, decode only what changed, and build the
-next immutable `ObjectMap` copy-on-write from the previous one."""
+"""One query's side of `update()`: drain the store, decode only what changed, and derive the
+next immutable `ObjectMap` from the previous one (sharing everything unchanged)."""
 
 from __future__ import annotations
 
-import bisect
 from typing import Any
 
 import msgspec
@@ -14,9 +13,6 @@ from nodeagent.accumulator.model import Delta, DeltaType, ObjectKey, ObjectMap, 
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
-
-# Above this many inserted keys a merge-sort of the key list beats repeated bisect inserts.
-_BULK_INSERT = 32
 
 
 class QueryView:
@@ -76,46 +72,21 @@ class QueryView:
         if not raw_deltas:
             return []
         old = self.view
-        objs = dict(old._objs)
-        added: list[ObjectKey] = []
-        removed: set[ObjectKey] = set()
+        changes: list[tuple[str, str, ObjectKey, Any]] = []
         deltas: list[Delta[Any]] = []
         name = self.query.name
         for code, ns, n, rv, raw in raw_deltas:
             key = ObjectKey(ns, n)
             kind = delta_type(code)
             if kind is DeltaType.DELETE:
-                obj = objs.pop(key)
-                removed.add(key)
+                obj = old.lookup(ns, n)
+                changes.append((ns, n, key, None))
             else:
                 obj = decoded[key] if self._needs_accept else raw
-                if kind is DeltaType.ADD:
-                    added.append(key)
-                objs[key] = obj
+                changes.append((ns, n, key, obj))
             deltas.append(Delta(name, kind, key, rv, obj))
             metrics.DELTAS.labels(name, kind.value).inc()
-        order = old._order
-        if added or removed:
-            order = self._reorder(order, added, removed)
-        self.view = ObjectMap(objs, order)
-        metrics.OBJECTS.labels(name).set(len(objs))
+        self.view = old.updated(changes)
+        metrics.OBJECTS.labels(name).set(len(self.view))
         deltas.sort(key=lambda d: d.key)
         return deltas
-
-    @staticmethod
-    def _reorder(
-        order: list[ObjectKey], added: list[ObjectKey], removed: set[ObjectKey]
-    ) -> list[ObjectKey]:
-        # An add after a delete of the same key in one drain cannot happen (the store coalesces
-        # it into an update), so added and removed are disjoint.
-        if len(added) + len(removed) > _BULK_INSERT:
-            kept = [k for k in order if k not in removed] if removed else list(order)
-            kept.extend(added)
-            kept.sort()  # two sorted runs: timsort merges them in linear time
-            return kept
-        new = list(order)
-        for k in removed:
-            del new[bisect.bisect_left(new, k)]
-        for k in added:
-            bisect.insort(new, k)
-        return new

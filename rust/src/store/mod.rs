@@ -2,6 +2,7 @@
 
 mod json;
 mod parse;
+pub mod pmap;
 mod rv;
 pub mod table;
 mod uid;
