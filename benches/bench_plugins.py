@@ -256,6 +256,7 @@ def _report(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def _print_ratios(write: Callable[[str], None]) -> None:
+    write("")
     for n in PLUGIN_COUNTS:
         ours, base = results.get(f"bridge-{n}"), results.get(f"asyncio-{n}")
         if not ours or not base:
