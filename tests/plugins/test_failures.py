@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -11,8 +12,11 @@ from typing import Any
 
 import pytest
 import trio
+import trio_asyncio
 from grpclib import GRPCError
 from grpclib.const import Status
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.server import Server
 from prometheus_client import REGISTRY
 
 from nodeagent.config.errors import ConfigError
@@ -401,3 +405,55 @@ async def test_uncreatable_registry_dir_refuses_to_start_naming_the_field(
         await manager.run()
     assert caught.value.field == "plugins.registry_dir"
     assert "cannot create directory: Not a directory" in caught.value.rule
+
+
+class _RawCodec(ProtoCodec):
+    """Lets a test server put arbitrary bytes on the wire as a message."""
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        return message if isinstance(message, bytes) else bytes(message.SerializeToString())
+
+
+class _GarbageReporter(CrashingReporter):
+    async def ListAndWatchReportContent(self, stream: Any) -> None:
+        await stream.recv_message()
+        await stream.send_message(report("before", b"1").SerializeToString())
+        await stream.send_message(b"\x0a\x05ab")  # field 1, 5 bytes announced, 2 sent
+        await stream.send_message(report("after", b"2").SerializeToString())
+        await asyncio.Event().wait()
+
+
+async def test_malformed_protobuf_is_rejected_and_the_stream_goes_on(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    path = os.path.join(registry, "garbage.sock")
+    services = [ScriptedRegistration(_info("garbage")), _GarbageReporter(0)]
+
+    async def start() -> Server:
+        server = Server(services, codec=_RawCodec())
+        await server.start(path=path)
+        return server
+
+    async def stop(server: Server) -> None:
+        server.close()
+        await server.wait_closed()
+
+    malformed_before = _errors("message_malformed")
+    server = await trio_asyncio.aio_as_trio(start, loop=bridge._loop)()
+    try:
+        channel = manager.channel("ReporterPlugin")
+        await wait_until(
+            manager,
+            lambda: (
+                "garbage" in channel.value
+                and channel.value["garbage"].message.content[0].field[0].fieldName == "after"
+            ),
+        )
+        status = plugin_status(manager, "garbage")
+        assert status is not None
+        assert status["messages_received"] == 2
+        assert status["messages_rejected"] == 1
+        assert status["stream_restarts"] == 0
+        assert _errors("message_malformed") == malformed_before + 1
+    finally:
+        await trio_asyncio.aio_as_trio(stop, loop=bridge._loop)(server)
