@@ -144,6 +144,9 @@ class Accumulator:
         t0 = time.perf_counter()
         changed = self._first_update
         for f in self._fields:
+            if f.sink.listing:
+                # A relist is half-applied (adds before deletes): keep the last consistent view.
+                continue
             got = f.view.drain()
             if got:
                 changed = True

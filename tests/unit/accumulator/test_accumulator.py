@@ -216,6 +216,8 @@ async def test_relist_in_progress_holds_notification(
         await cm.begin_list()
         await cm.list_page(page([obj("a", 1), obj("c", 5)], 6))
         assert not await notified_within(acc, 30)
+        assert not acc.update(snap)  # the half-applied relist stays invisible
+        assert names(snap.cms) == [("default", "a"), ("default", "b")]
         await cm.end_list("6")
         await acc.changed()
         deltas: list[Delta[Any]] = []
