@@ -3,7 +3,7 @@
 It reports the node's CPU count and memory as the CustomNodeResource status field "Resources",
 and the load average as an annotation, refreshed every --interval seconds:
 
-    python examples/cpu_reporter.py --registry-dir /var/lib/nodeagent/plugins_registry
+    python examples/cpu_reporter.py [--registry-dir DIR]
 
 SIGINT or SIGTERM stops it and removes its socket.
 """
@@ -16,6 +16,7 @@ import signal
 
 import trio
 
+from nodeagent.config.loader import default_registry_dir
 from nodeagent.log import configure_logging, get_logger
 from nodeagent.sdk import ReporterPlugin, ReportItem
 
@@ -64,7 +65,11 @@ async def main(registry_dir: str, name: str, interval: float) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--registry-dir", required=True, help="the agent's plugin registry dir")
+    parser.add_argument(
+        "--registry-dir",
+        default=default_registry_dir(),
+        help="the agent's plugin registry dir (default: the agent's default, %(default)s)",
+    )
     parser.add_argument("--name", default="cpu-reporter", help="plugin name (socket name too)")
     parser.add_argument("--interval", type=float, default=10.0, help="seconds between reports")
     args = parser.parse_args()

@@ -3,7 +3,7 @@
 It lists --devices fake accelerators as named resources and keeps the list-and-watch stream
 open; the agent (or a 1.30 kubelet) turns them into ResourceSlices:
 
-    python examples/dra_device_plugin.py --registry-dir /var/lib/nodeagent/plugins_registry
+    python examples/dra_device_plugin.py [--registry-dir DIR]
 
 SIGINT or SIGTERM stops it and removes its sockets.
 """
@@ -15,6 +15,7 @@ import signal
 
 import trio
 
+from nodeagent.config.loader import default_registry_dir
 from nodeagent.log import configure_logging, get_logger
 from nodeagent.sdk import Device, DevicePlugin, Quantity, SemVer
 
@@ -51,7 +52,11 @@ async def main(registry_dir: str, name: str, count: int, separate_endpoint: bool
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--registry-dir", required=True, help="the agent's plugin registry dir")
+    parser.add_argument(
+        "--registry-dir",
+        default=default_registry_dir(),
+        help="the agent's plugin registry dir (default: the agent's default, %(default)s)",
+    )
     parser.add_argument("--name", default="accel.example.com", help="driver (plugin) name")
     parser.add_argument("--devices", type=int, default=4, help="number of devices to list")
     parser.add_argument(

@@ -61,6 +61,11 @@ def default_state_dir(environment: Environment) -> str:
     return os.path.join(environment.home, ".local", "state", "nodeagent")
 
 
+def default_registry_dir(environment: Environment | None = None) -> str:
+    """Where an agent started with default settings looks for plugin sockets."""
+    return os.path.join(default_state_dir(environment or Environment.current()), REGISTRY_SUBDIR)
+
+
 def default_node_name(environment: Environment) -> str:
     return (environment.env.get("NODE_NAME") or environment.hostname).strip().lower()
 
