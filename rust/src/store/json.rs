@@ -18,8 +18,18 @@ pub struct Scanner<'a> {
 }
 
 impl<'a> Scanner<'a> {
-    pub fn new(buf: &'a [u8]) -> Self {
-        Scanner { buf, pos: 0 }
+    /// A scanner over a whole document, which must be UTF-8 (RFC 8259): checked once here,
+    /// so strings skipped later need no check of their own.
+    pub fn new(buf: &'a [u8]) -> Result<Self> {
+        if let Err(e) = std::str::from_utf8(buf) {
+            return Err(format!("invalid UTF-8 at byte {}", e.valid_up_to()));
+        }
+        Ok(Scanner { buf, pos: 0 })
+    }
+
+    /// A scanner over a part of a document that was already checked by `new`.
+    pub fn new_checked(buf: &'a [u8], pos: usize) -> Self {
+        Scanner { buf, pos }
     }
 
     fn err<T>(&self, what: &str) -> Result<T> {
@@ -196,60 +206,76 @@ impl<'a> Scanner<'a> {
         }
     }
 
+    /// Skips (and validates) one value. Iterative, with an explicit stack of open containers:
+    /// values nested in managedFields and the like are many and small, and a call per value
+    /// cost more than the scanning.
     pub fn skip_value(&mut self) -> Result<()> {
-        self.skip_depth(0)
-    }
-
-    fn skip_depth(&mut self, depth: usize) -> Result<()> {
-        if depth > MAX_DEPTH {
-            return self.err("nesting too deep");
-        }
-        match self.peek() {
-            Some(b'"') => self.skip_string(),
-            Some(b'{') => {
-                self.pos += 1;
-                if self.peek() == Some(b'}') {
+        // Per open container: true for an object, false for an array.
+        let mut stack = [false; MAX_DEPTH];
+        let mut depth = 0;
+        'value: loop {
+            match self.peek() {
+                Some(b'"') => self.skip_string()?,
+                Some(b'{') => {
                     self.pos += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.skip_string()?;
-                    self.expect(b':')?;
-                    self.skip_depth(depth + 1)?;
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b'}') => {
-                            self.pos += 1;
-                            return Ok(());
+                    if self.peek() == Some(b'}') {
+                        self.pos += 1;
+                    } else {
+                        if depth == MAX_DEPTH {
+                            return self.err("nesting too deep");
                         }
-                        _ => return self.err("expected ',' or '}'"),
+                        stack[depth] = true;
+                        depth += 1;
+                        self.skip_string()?;
+                        self.expect(b':')?;
+                        continue 'value;
                     }
                 }
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                if self.peek() == Some(b']') {
+                Some(b'[') => {
                     self.pos += 1;
-                    return Ok(());
-                }
-                loop {
-                    self.skip_depth(depth + 1)?;
-                    match self.peek() {
-                        Some(b',') => self.pos += 1,
-                        Some(b']') => {
-                            self.pos += 1;
-                            return Ok(());
+                    if self.peek() == Some(b']') {
+                        self.pos += 1;
+                    } else {
+                        if depth == MAX_DEPTH {
+                            return self.err("nesting too deep");
                         }
-                        _ => return self.err("expected ',' or ']'"),
+                        stack[depth] = false;
+                        depth += 1;
+                        continue 'value;
                     }
                 }
+                Some(b't') => self.literal(b"true")?,
+                Some(b'f') => self.literal(b"false")?,
+                Some(b'n') => self.literal(b"null")?,
+                Some(b'-' | b'0'..=b'9') => self.number()?,
+                Some(_) => return self.err("unexpected character"),
+                None => return self.err("unexpected end of input"),
             }
-            Some(b't') => self.literal(b"true"),
-            Some(b'f') => self.literal(b"false"),
-            Some(b'n') => self.literal(b"null"),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            Some(_) => self.err("unexpected character"),
-            None => self.err("unexpected end of input"),
+            // A value ended: close containers until one continues with a comma.
+            loop {
+                if depth == 0 {
+                    return Ok(());
+                }
+                let in_object = stack[depth - 1];
+                match (self.peek(), in_object) {
+                    (Some(b','), true) => {
+                        self.pos += 1;
+                        self.skip_string()?;
+                        self.expect(b':')?;
+                        continue 'value;
+                    }
+                    (Some(b','), false) => {
+                        self.pos += 1;
+                        continue 'value;
+                    }
+                    (Some(b'}'), true) | (Some(b']'), false) => {
+                        self.pos += 1;
+                        depth -= 1;
+                    }
+                    (_, true) => return self.err("expected ',' or '}'"),
+                    (_, false) => return self.err("expected ',' or ']'"),
+                }
+            }
         }
     }
 
@@ -406,7 +432,7 @@ mod tests {
     use super::*;
 
     fn valid(s: &str) -> bool {
-        let mut sc = Scanner::new(s.as_bytes());
+        let mut sc = Scanner::new(s.as_bytes()).unwrap();
         sc.skip_value().and_then(|_| sc.end()).is_ok()
     }
 
@@ -443,7 +469,7 @@ mod tests {
 
     #[test]
     fn decodes_escapes() {
-        let mut sc = Scanner::new(br#""a\n\u00e9\ud83d\ude00""#);
+        let mut sc = Scanner::new(br#""a\n\u00e9\ud83d\ude00""#).unwrap();
         assert_eq!(sc.string().unwrap(), "a\n\u{e9}\u{1F600}");
     }
 }

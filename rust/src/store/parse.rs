@@ -122,7 +122,7 @@ pub enum Event<'a> {
 
 /// Parses one watch event line: `{"type": ..., "object": {...}}`.
 pub fn event(line: &[u8]) -> Result<Event<'_>> {
-    let mut sc = Scanner::new(line);
+    let mut sc = Scanner::new(line)?;
     let mut ty: Option<Cow<'_, str>> = None;
     let mut obj: Option<Head<'_>> = None;
     sc.object(|sc, key| {
@@ -146,8 +146,7 @@ pub fn event(line: &[u8]) -> Result<Event<'_>> {
         "ERROR" => {
             if obj.status.code == 0 && obj.status.reason.is_empty() {
                 // "object" came before "type": read the Status fields now.
-                let mut sc = Scanner::new(&line[..obj.end]);
-                sc.pos = obj.start;
+                let mut sc = Scanner::new_checked(&line[..obj.end], obj.start);
                 obj = head(&mut sc, true)?;
             }
             Ok(Event::Error(obj.status))
@@ -166,7 +165,7 @@ pub struct Page<'a> {
 /// Parses a List body. Any invalid JSON rejects the whole page; item-level problems (missing
 /// metadata) are left to the caller so one bad item does not hide the others.
 pub fn page(body: &[u8]) -> Result<Page<'_>> {
-    let mut sc = Scanner::new(body);
+    let mut sc = Scanner::new(body)?;
     let mut p = Page {
         kind: None,
         api_version: None,
