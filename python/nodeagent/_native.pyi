@@ -78,4 +78,32 @@ def plan_pool(desired: list[bytes], observed: list[bytes]) -> PoolPlan:
     pool {name, generation, resourceSliceCount=len(desired)}. Releases the GIL; ValueError for
     invalid JSON or desired slices of different pools."""
 
+class PreparedDesired:
+    """A desired slice spec decoded and canonicalized once; reuse it while the spec is unchanged."""
+
+    @property
+    def pool_name(self) -> str: ...
+
+class PreparedObserved:
+    """An observed ResourceSlice decoded and canonicalized once; cache it by (uid,
+    resourceVersion)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def uid(self) -> str: ...
+    @property
+    def resource_version(self) -> str: ...
+
+def prepare_desired(specs: list[bytes]) -> list[PreparedDesired]:
+    """Releases the GIL; ValueError naming the first invalid spec."""
+
+def prepare_observed(objects: list[bytes]) -> list[PreparedObserved]:
+    """Releases the GIL; ValueError naming the first invalid object."""
+
+def plan_prepared(
+    desired: list[PreparedDesired], observed: list[PreparedObserved]
+) -> PoolPlan:
+    """`plan_pool` on prepared slices: only matching and the plan, O(n), GIL released."""
+
 # --- end of ResourceSlice planner ---------------------------------------------------------------

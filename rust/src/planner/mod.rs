@@ -1,9 +1,12 @@
 //! The ResourceSlice planner: Kubernetes quantities, semantic equality of slice specs and the
 //! per-pool plan (`nodeagent._native.plan_pool`).
 
+pub mod canon;
 pub mod plan;
 pub mod quantity;
 pub mod semantic;
+
+use std::sync::Arc;
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -46,12 +49,130 @@ fn quantity_cmp(a: &str, b: &str) -> PyResult<i8> {
 #[pyfunction]
 fn slice_spec_equal(py: Python<'_>, a: PyBackedBytes, b: PyBackedBytes) -> PyResult<bool> {
     py.detach(|| {
-        let parse = |x: &[u8]| serde_json::from_slice(x).map_err(|e| e.to_string());
-        let (va, vb) = (parse(&a)?, parse(&b)?);
-        Ok(semantic::equal(
-            &semantic::canonicalize(&va),
-            &semantic::canonicalize(&vb),
-        ))
+        let parse = |x: &[u8]| canon::spec(x).map(|p| semantic::Canonical::new(p.key, p.times));
+        Ok(semantic::equal(&parse(&a)?, &parse(&b)?))
+    })
+    .map_err(PyValueError::new_err::<String>)
+}
+
+/// A desired slice spec, decoded and canonicalized once (`prepare_desired`).
+#[pyclass(frozen, module = "nodeagent._native")]
+pub struct PreparedDesired {
+    inner: Arc<plan::Desired>,
+}
+
+/// An observed ResourceSlice, decoded and canonicalized once (`prepare_observed`); cache it by
+/// uid and resourceVersion.
+#[pyclass(frozen, module = "nodeagent._native")]
+pub struct PreparedObserved {
+    inner: Arc<plan::Observed>,
+}
+
+#[pymethods]
+impl PreparedObserved {
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+    #[getter]
+    fn uid(&self) -> &str {
+        &self.inner.uid
+    }
+    #[getter]
+    fn resource_version(&self) -> &str {
+        &self.inner.resource_version
+    }
+}
+
+#[pymethods]
+impl PreparedDesired {
+    #[getter]
+    fn pool_name(&self) -> &str {
+        &self.inner.pool_name
+    }
+}
+
+/// Decodes and canonicalizes desired slice specs; ValueError naming the first invalid one.
+#[pyfunction]
+fn prepare_desired(py: Python<'_>, specs: Vec<PyBackedBytes>) -> PyResult<Vec<PreparedDesired>> {
+    py.detach(|| {
+        specs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| plan::parse_desired(i, b).map(|d| PreparedDesired { inner: Arc::new(d) }))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(PyValueError::new_err)
+}
+
+/// Decodes and canonicalizes observed slices; ValueError naming the first invalid one.
+#[pyfunction]
+fn prepare_observed(
+    py: Python<'_>,
+    objects: Vec<PyBackedBytes>,
+) -> PyResult<Vec<PreparedObserved>> {
+    py.detach(|| {
+        objects
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                plan::parse_observed(i, b).map(|o| PreparedObserved { inner: Arc::new(o) })
+            })
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .map_err(PyValueError::new_err)
+}
+
+fn check_pools(d: &[impl std::borrow::Borrow<plan::Desired>]) -> Result<(), String> {
+    let mut names = d.iter().map(|x| x.borrow().pool_name.as_str());
+    if let Some(first) = names.next() {
+        if let Some(other) = names.find(|n| *n != first) {
+            return Err(format!(
+                "desired slices name different pools: {first:?} and {other:?}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn plan_tuple(p: plan::Plan, o: &[impl std::borrow::Borrow<plan::Observed>]) -> PlanTuple {
+    let meta = |j: usize| {
+        let x: &plan::Observed = o[j].borrow();
+        (x.name.clone(), x.uid.clone(), x.resource_version.clone())
+    };
+    (
+        p.generation,
+        p.unchanged,
+        p.updates
+            .into_iter()
+            .map(|(j, i)| {
+                let (name, _, rv) = meta(j);
+                (j, i, name, rv)
+            })
+            .collect(),
+        p.creates,
+        p.deletes
+            .into_iter()
+            .map(|j| {
+                let (name, uid, rv) = meta(j);
+                (j, name, uid, rv)
+            })
+            .collect(),
+    )
+}
+
+/// Plans one pool from prepared slices; see `_native.pyi`.
+#[pyfunction]
+fn plan_prepared(
+    py: Python<'_>,
+    desired: Vec<Bound<'_, PreparedDesired>>,
+    observed: Vec<Bound<'_, PreparedObserved>>,
+) -> PyResult<PlanTuple> {
+    let d: Vec<Arc<plan::Desired>> = desired.iter().map(|x| x.get().inner.clone()).collect();
+    let o: Vec<Arc<plan::Observed>> = observed.iter().map(|x| x.get().inner.clone()).collect();
+    py.detach(|| {
+        check_pools(&d)?;
+        Ok(plan_tuple(plan::plan(&d, &o), &o))
     })
     .map_err(PyValueError::new_err::<String>)
 }
@@ -74,29 +195,8 @@ fn plan_pool(
             .enumerate()
             .map(|(i, b)| plan::parse_observed(i, b))
             .collect::<Result<Vec<_>, _>>()?;
-        if let Some(x) = d.iter().find(|x| x.pool_name != d[0].pool_name) {
-            return Err(format!(
-                "desired slices name different pools: {:?} and {:?}",
-                d[0].pool_name, x.pool_name
-            ));
-        }
-        let p = plan::plan(&d, &o);
-        Ok((
-            p.generation,
-            p.unchanged,
-            p.updates
-                .into_iter()
-                .map(|(j, i)| (j, i, o[j].name.clone(), o[j].resource_version.clone()))
-                .collect(),
-            p.creates,
-            p.deletes
-                .into_iter()
-                .map(|j| {
-                    let x = &o[j];
-                    (j, x.name.clone(), x.uid.clone(), x.resource_version.clone())
-                })
-                .collect(),
-        ))
+        check_pools(&d)?;
+        Ok(plan_tuple(plan::plan(&d, &o), &o))
     })
     .map_err(PyValueError::new_err)
 }
@@ -107,5 +207,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(quantity_cmp, m)?)?;
     m.add_function(wrap_pyfunction!(slice_spec_equal, m)?)?;
     m.add_function(wrap_pyfunction!(plan_pool, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_desired, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_observed, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_prepared, m)?)?;
+    m.add_class::<PreparedDesired>()?;
+    m.add_class::<PreparedObserved>()?;
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! The plan for one pool: which observed slices stay, are updated, created or deleted, and the
 //! pool generation, following the upstream `resourceslice` controller (v0.34+) with O(n) matching.
 
-use std::collections::{HashMap, VecDeque};
+use std::borrow::Borrow;
+use std::collections::VecDeque;
 
-use serde_json::Value;
+use rustc_hash::FxHashMap as HashMap;
 
+use super::canon;
 use super::semantic::{self, Canonical};
 
 pub struct Observed {
@@ -37,75 +39,41 @@ pub struct Plan {
     pub deletes: Vec<usize>,
 }
 
-fn device_names(spec: &Value) -> Vec<String> {
-    let mut names: Vec<String> = spec
-        .get("devices")
-        .and_then(Value::as_array)
-        .map(|devs| {
-            devs.iter()
-                .map(|d| {
-                    d.get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort_unstable();
-    names
-}
-
-fn str_at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
-    path.iter().try_fold(v, |v, k| v.get(k))?.as_str()
-}
-
 pub fn parse_desired(index: usize, bytes: &[u8]) -> Result<Desired, String> {
-    let spec: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("desired slice {index}: {e}"))?;
-    if !spec.is_object() {
-        return Err(format!("desired slice {index}: spec is not a JSON object"));
-    }
+    let p = canon::spec(bytes).map_err(|e| format!("desired slice {index}: {e}"))?;
+    let mut device_names = p.device_names;
+    device_names.sort_unstable();
     Ok(Desired {
-        pool_name: str_at(&spec, &["pool", "name"]).unwrap_or("").to_owned(),
-        canonical: semantic::canonicalize(&spec),
-        device_names: device_names(&spec),
+        pool_name: p.pool.name.unwrap_or_default(),
+        canonical: Canonical::new(p.key, p.times),
+        device_names,
     })
 }
 
 pub fn parse_observed(index: usize, bytes: &[u8]) -> Result<Observed, String> {
-    let obj: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("observed slice {index}: {e}"))?;
-    let meta = |k: &str| str_at(&obj, &["metadata", k]).unwrap_or("").to_owned();
-    let name = meta("name");
-    if name.is_empty() {
+    let p = canon::observed(bytes).map_err(|e| format!("observed slice {index}: {e}"))?;
+    if p.name.is_empty() {
         return Err(format!("observed slice {index}: metadata.name is missing"));
     }
-    let null = Value::Null;
-    let spec = obj.get("spec").unwrap_or(&null);
-    let pool = spec.get("pool").unwrap_or(&null);
-    let int_or_zero = |v: Option<&Value>| match v {
-        None | Some(Value::Null) => Some(0),
-        Some(x) => x.as_i64(),
-    };
+    let mut device_names = p.device_names;
+    device_names.sort_unstable();
     Ok(Observed {
-        uid: meta("uid"),
-        resource_version: meta("resourceVersion"),
+        name: p.name,
+        uid: p.uid,
+        resource_version: p.resource_version,
         // A generation that is not an integer cannot be current; treat it as the oldest.
-        generation: int_or_zero(pool.get("generation")).unwrap_or(i64::MIN),
-        pool_name: match pool.get("name") {
-            None | Some(Value::Null) => Some(String::new()),
-            Some(v) => v.as_str().map(str::to_owned),
-        },
-        pool_count: int_or_zero(pool.get("resourceSliceCount")),
-        canonical: semantic::canonicalize(spec),
-        device_names: device_names(spec),
-        name,
+        generation: p.pool.generation.unwrap_or(i64::MIN),
+        pool_name: p.pool.name,
+        pool_count: p.pool.count,
+        canonical: Canonical::new(p.key, p.times),
+        device_names,
     })
 }
 
 /// Plans one pool. Observed slices are considered in name order, desired ones in list order.
-pub fn plan(desired: &[Desired], observed: &[Observed]) -> Plan {
+pub fn plan<D: Borrow<Desired>, O: Borrow<Observed>>(desired: &[D], observed: &[O]) -> Plan {
+    let desired: Vec<&Desired> = desired.iter().map(Borrow::borrow).collect();
+    let observed: Vec<&Observed> = observed.iter().map(Borrow::borrow).collect();
     let mut order: Vec<usize> = (0..observed.len()).collect();
     order.sort_by(|&a, &b| observed[a].name.cmp(&observed[b].name));
 
@@ -141,18 +109,18 @@ pub fn plan(desired: &[Desired], observed: &[Observed]) -> Plan {
         taken[current[0]] = true;
     } else {
         // 1. Semantically identical content, by exact canonical key.
-        let mut by_key: HashMap<&str, VecDeque<usize>> = HashMap::with_capacity(current.len());
+        let mut by_key: HashMap<u64, VecDeque<usize>> = HashMap::default();
         for &j in &current {
             by_key
-                .entry(observed[j].canonical.key.as_str())
+                .entry(observed[j].canonical.hash)
                 .or_default()
                 .push_back(j);
         }
         for (i, d) in desired.iter().enumerate() {
-            if let Some(q) = by_key.get_mut(d.canonical.key.as_str()) {
+            if let Some(q) = by_key.get_mut(&d.canonical.hash) {
                 if let Some(p) = q
                     .iter()
-                    .position(|&j| semantic::times_match(&d.canonical, &observed[j].canonical))
+                    .position(|&j| semantic::equal(&d.canonical, &observed[j].canonical))
                 {
                     let j = q.remove(p).unwrap_or_default();
                     match_of[i] = Some(j);
@@ -161,7 +129,7 @@ pub fn plan(desired: &[Desired], observed: &[Observed]) -> Plan {
             }
         }
         // 2. The same set of device names (upstream's sameSlice).
-        let mut by_names: HashMap<&[String], VecDeque<usize>> = HashMap::new();
+        let mut by_names: HashMap<&[String], VecDeque<usize>> = HashMap::default();
         for &j in current.iter().filter(|&&j| !taken[j]) {
             by_names
                 .entry(observed[j].device_names.as_slice())
@@ -202,8 +170,8 @@ pub fn plan(desired: &[Desired], observed: &[Observed]) -> Plan {
     for (i, m) in match_of.iter().enumerate() {
         match m {
             Some(j) => {
-                let o = &observed[*j];
-                let d = &desired[i];
+                let o = observed[*j];
+                let d = desired[i];
                 let pool_same = o.pool_name.as_deref() == Some(d.pool_name.as_str())
                     && o.pool_count == Some(count);
                 if pool_same && semantic::equal(&d.canonical, &o.canonical) {

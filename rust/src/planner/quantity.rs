@@ -155,6 +155,16 @@ fn scale_up(digits: &[u8], bin_exp: i64, dec_exp: i64) -> Option<i128> {
     if dec_exp < 0 && -dec_exp > len + 20 {
         return Some(1);
     }
+    // Short inputs (all but pathological ones) fit i128 arithmetic directly.
+    if len <= 20 && bin_exp <= 63 && (0..=9).contains(&dec_exp) {
+        let mut v: i128 = 0;
+        for &d in digits {
+            v = v * 10 + i128::from(d - b'0');
+        }
+        return v
+            .checked_mul(1i128 << bin_exp)?
+            .checked_mul(10i128.pow(dec_exp as u32));
+    }
     let mut big = Big(Vec::new());
     for &d in digits {
         big.mul_add(10, u32::from(d - b'0'));

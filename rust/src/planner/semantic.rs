@@ -7,188 +7,29 @@
 //! quantities at the Quantity paths (device capacity, counter values) by value, an absent or null
 //! value being zero; and it moves taint `timeAdded` out into a side list, because upstream's
 //! `DevicesDeepEqual` allows +-1 s there and treats an unset time as equal to any.
-//! Serialized with sorted keys, the tree is a canonical string usable as an exact hash key.
+//! `canon.rs` writes the tree as canonical bytes straight from the JSON input: an exact hash key.
 
-use serde_json::{Map, Value};
+use std::hash::Hasher;
 
-use super::quantity;
-
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub struct Canonical {
-    /// The canonical tree serialized with sorted keys.
-    pub key: String,
+    /// The canonical bytes (`canon.rs`).
+    pub key: Vec<u8>,
     /// Every taint's `timeAdded`, in device then taint order.
     pub times: Vec<Option<String>>,
+    /// A hash of `key`, computed once so that matching costs one lookup per slice.
+    pub hash: u64,
 }
 
-fn is_empty(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        _ => false,
-    }
-}
-
-fn generic(v: &Value) -> Value {
-    match v {
-        Value::Object(o) => Value::Object(
-            o.iter()
-                .filter(|(_, x)| !is_empty(x))
-                .map(|(k, x)| (k.clone(), generic(x)))
-                .collect(),
-        ),
-        Value::Array(a) => Value::Array(a.iter().map(generic).collect()),
-        x => x.clone(),
-    }
-}
-
-fn quantity_key(v: Option<&Value>) -> Value {
-    let text = match v {
-        None | Some(Value::Null) => return Value::String("0".to_owned()),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        Some(other) => return generic(other),
-    };
-    match quantity::parse(&text) {
-        Ok(q) => Value::String(quantity::value_key(&q)),
-        // A value the API server would never return: compare it textually, never equal to a
-        // valid quantity.
-        Err(_) => Value::String(format!("!{text}")),
-    }
-}
-
-/// `{name: {value: Quantity, ...}}` as in device capacity and counter sets.
-fn quantity_map(v: &Value) -> Value {
-    let Value::Object(entries) = v else {
-        return generic(v);
-    };
-    let mut out = Map::new();
-    for (name, entry) in entries {
-        match entry {
-            Value::Object(fields) => {
-                let mut e: Map<String, Value> = fields
-                    .iter()
-                    .filter(|(k, x)| k.as_str() != "value" && !is_empty(x))
-                    .map(|(k, x)| (k.clone(), generic(x)))
-                    .collect();
-                e.insert("value".to_owned(), quantity_key(fields.get("value")));
-                out.insert(name.clone(), Value::Object(e));
-            }
-            Value::Null => {
-                let mut e = Map::new();
-                e.insert("value".to_owned(), Value::String("0".to_owned()));
-                out.insert(name.clone(), Value::Object(e));
-            }
-            other => {
-                out.insert(name.clone(), generic(other));
-            }
+impl Canonical {
+    pub fn new(key: Vec<u8>, times: Vec<Option<String>>) -> Self {
+        let mut h = rustc_hash::FxHasher::default();
+        h.write(&key);
+        Canonical {
+            hash: h.finish(),
+            key,
+            times,
         }
-    }
-    Value::Object(out)
-}
-
-fn counter_sets(v: &Value) -> Value {
-    let Value::Array(sets) = v else {
-        return generic(v);
-    };
-    Value::Array(
-        sets.iter()
-            .map(|set| match set {
-                Value::Object(o) => Value::Object(
-                    o.iter()
-                        .filter(|(_, x)| !is_empty(x))
-                        .map(|(k, x)| {
-                            let c = if k == "counters" {
-                                quantity_map(x)
-                            } else {
-                                generic(x)
-                            };
-                            (k.clone(), c)
-                        })
-                        .collect(),
-                ),
-                other => generic(other),
-            })
-            .collect(),
-    )
-}
-
-fn taints(v: &Value, times: &mut Vec<Option<String>>) -> Value {
-    let Value::Array(list) = v else {
-        return generic(v);
-    };
-    Value::Array(
-        list.iter()
-            .map(|t| match t {
-                Value::Object(o) => {
-                    times.push(match o.get("timeAdded") {
-                        Some(Value::String(s)) => Some(s.clone()),
-                        Some(Value::Null) | None => None,
-                        Some(other) => Some(other.to_string()),
-                    });
-                    Value::Object(
-                        o.iter()
-                            .filter(|(k, x)| k.as_str() != "timeAdded" && !is_empty(x))
-                            .map(|(k, x)| (k.clone(), generic(x)))
-                            .collect(),
-                    )
-                }
-                other => generic(other),
-            })
-            .collect(),
-    )
-}
-
-fn device(v: &Value, times: &mut Vec<Option<String>>) -> Value {
-    let Value::Object(o) = v else {
-        return generic(v);
-    };
-    let mut out = Map::new();
-    for (k, x) in o {
-        if is_empty(x) {
-            continue;
-        }
-        let c = match k.as_str() {
-            "capacity" => quantity_map(x),
-            "consumesCounters" => counter_sets(x),
-            "taints" => taints(x, times),
-            _ => generic(x),
-        };
-        out.insert(k.clone(), c);
-    }
-    Value::Object(out)
-}
-
-/// The canonical form of a spec object (without its pool).
-pub fn canonicalize(spec: &Value) -> Canonical {
-    let mut times = Vec::new();
-    let tree = match spec {
-        Value::Object(o) => {
-            let mut out = Map::new();
-            for (k, x) in o {
-                if is_empty(x) || k == "pool" || (k == "allNodes" && *x == Value::Bool(false)) {
-                    continue;
-                }
-                let c = match k.as_str() {
-                    "devices" => match x {
-                        Value::Array(devs) => {
-                            Value::Array(devs.iter().map(|d| device(d, &mut times)).collect())
-                        }
-                        other => generic(other),
-                    },
-                    "sharedCounters" => counter_sets(x),
-                    _ => generic(x),
-                };
-                out.insert(k.clone(), c);
-            }
-            Value::Object(out)
-        }
-        other => generic(other),
-    };
-    Canonical {
-        key: tree.to_string(),
-        times,
     }
 }
 
@@ -296,7 +137,7 @@ pub fn times_match(a: &Canonical, b: &Canonical) -> bool {
 }
 
 pub fn equal(a: &Canonical, b: &Canonical) -> bool {
-    a.key == b.key && times_match(a, b)
+    a.hash == b.hash && a.key == b.key && times_match(a, b)
 }
 
 #[cfg(test)]
@@ -304,7 +145,8 @@ mod tests {
     use super::*;
 
     fn c(s: &str) -> Canonical {
-        canonicalize(&serde_json::from_str(s).unwrap())
+        let p = super::super::canon::spec(s.as_bytes()).unwrap();
+        Canonical::new(p.key, p.times)
     }
 
     #[test]

@@ -1,0 +1,183 @@
+"""ResourceSlice planning: the Rust planner (`_native.plan_pool`, canonical hashing, O(n))
+against a plain Python implementation of the seed kubelet's algorithm (for each observed slice,
+scan the desired models with semantic deep-equality, O(n*m)).
+
+- realistic node: 8 drivers x 1,024 devices (8 pools x 8 slices = 64 slices), one device
+  changed and nothing changed;
+- stress: one pool of 100 and 1,000 slices of 128 devices observed vs desired, 1% and 0% of the
+  slices changed.
+
+The Rust figure includes decoding every desired and observed slice from JSON bytes (the form the
+store holds them in); the seed baseline gets pre-decoded dicts, so it is favoured.
+
+Run: .venv/bin/python -m pytest benches/bench_planner.py --benchmark-only -s
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pytest
+
+from nodeagent import _native
+from nodeagent.resources.model import (
+    Device,
+    DeviceAttribute,
+    DeviceCapacity,
+    Pool,
+    desired_slices,
+)
+from tests.unit.resources.reference import spec_equal
+
+RESULTS: dict[str, float] = {}
+
+
+def device(pool: int, k: int, changed: bool = False) -> Device:
+    return Device(
+        name=f"dev-{k}",
+        attributes={
+            "model": DeviceAttribute(string="changed" if changed else "accelerator-x100"),
+            "index": DeviceAttribute(int_=k),
+            "uuid": DeviceAttribute(string=f"{pool:04x}-{k:08x}-6f1e-4e0a-9d1c"),
+            "driverVersion": DeviceAttribute(version="1.4.2"),
+        },
+        capacity={"memory": DeviceCapacity(value="80Gi"), "cores": DeviceCapacity(value="128")},
+    )
+
+
+class Case:
+    """Per pool: desired spec bytes and dicts, observed slice bytes and dicts."""
+
+    def __init__(self, pools: int, devices: int, changed_slices: int) -> None:
+        self.pools: list[tuple[list[bytes], list[bytes], list[Any], list[Any]]] = []
+        for p in range(pools):
+            pool = Pool(name=f"pool-{p}", devices=[device(p, k) for k in range(devices)])
+            specs = desired_slices(f"drv{p}.example.com", pool, "node-a")
+            observed = []
+            for i, s in enumerate(specs):
+                raw = msgspec.to_builtins(s)
+                raw["pool"]["generation"] = 1
+                # What the server returns: quantities in their canonical form already, but
+                # respell one per device to make the comparison semantic, not textual.
+                for d in raw["devices"]:
+                    d["capacity"]["memory"]["value"] = "85899345920"
+                if i < changed_slices:
+                    raw["devices"][0]["attributes"]["model"]["string"] = "old"
+                observed.append(
+                    {
+                        "apiVersion": "resource.k8s.io/v1",
+                        "kind": "ResourceSlice",
+                        "metadata": {
+                            "name": f"node-a-drv{p}-{i:05x}",
+                            "uid": f"uid-{p}-{i}",
+                            "resourceVersion": str(1000 + i),
+                            "generation": 1,
+                        },
+                        "spec": raw,
+                    }
+                )
+            # Generated names put the observed slices in random order relative to the desired
+            # ones, as an informer lists them.
+            random.Random(p).shuffle(observed)
+            desired = [msgspec.json.encode(s) for s in specs]
+            self.pools.append(
+                (
+                    desired,
+                    [json.dumps(o).encode() for o in observed],
+                    [msgspec.json.decode(d) for d in desired],
+                    observed,
+                )
+            )
+        self.slices = sum(len(p[0]) for p in self.pools)
+        self.prepared = [
+            (_native.prepare_desired(d), _native.prepare_observed(o)) for d, o, _, _ in self.pools
+        ]
+
+
+def rust_plan(case: Case) -> list[Any]:
+    """Cold: every slice decoded and canonicalized from bytes, then planned."""
+    return [_native.plan_pool(d, o) for d, o, _, _ in case.pools]
+
+
+def rust_plan_prepared(case: Case) -> list[Any]:
+    """Steady state: the publisher keeps each slice prepared (canonicalized once per
+    resourceVersion or desired inventory), so a sync only matches and plans."""
+    return [_native.plan_prepared(d, o) for d, o in case.prepared]
+
+
+def seed_plan(case: Case) -> list[Any]:
+    """The seed kubelet's sync per driver: an observed slice whose content is semantically equal
+    to a desired model marks that model stored; every other slice is obsolete."""
+    out = []
+    for _, _, desired, observed in case.pools:
+        stored = [False] * len(desired)
+        obsolete = []
+        for o in observed:
+            for i, d in enumerate(desired):
+                if not stored[i] and spec_equal(d, o["spec"]):
+                    stored[i] = True
+                    break
+            else:
+                obsolete.append(o)
+        out.append((obsolete, [i for i, s in enumerate(stored) if not s]))
+    return out
+
+
+CPU: dict[str, list[float]] = {}
+
+
+def timed(name: str, fn: Callable[[Case], Any], case: Case) -> Any:
+    t = time.process_time()
+    r = fn(case)
+    CPU.setdefault(name, []).append(time.process_time() - t)
+    return r
+
+
+def report(capsys: pytest.CaptureFixture[str], text: str) -> None:
+    with capsys.disabled():
+        print("\n" + text)
+
+
+CASES = {
+    "realistic-1-device-changed": (8, 1024, 1),
+    "realistic-unchanged": (8, 1024, 0),
+    "stress-100-1pct": (1, 100 * 128, 1),
+    "stress-100-0pct": (1, 100 * 128, 0),
+    "stress-1000-1pct": (1, 1000 * 128, 10),
+    "stress-1000-0pct": (1, 1000 * 128, 0),
+}
+_built: dict[str, Case] = {}
+
+
+def case_for(name: str) -> Case:
+    if name not in _built:
+        _built.clear()
+        _built[name] = Case(*CASES[name])
+    return _built[name]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("impl", ["seed-python", "rust-cold", "rust-prepared"])
+def test_plan(benchmark: Any, capsys: pytest.CaptureFixture[str], name: str, impl: str) -> None:
+    case = case_for(name)
+    benchmark.group = f"plan {name}"
+    fn = {"rust-cold": rust_plan, "rust-prepared": rust_plan_prepared}.get(impl, seed_plan)
+    rounds = 1 if impl == "seed-python" else 5
+    benchmark.pedantic(timed, args=(f"{impl}-{name}", fn, case), rounds=rounds, iterations=1)
+    best = benchmark.stats.stats.min
+    cpu = min(CPU[f"{impl}-{name}"])
+    RESULTS[f"{impl}-{name}"] = best
+    text = (
+        f"plan {name} ({case.slices} slices), {impl}: "
+        f"{best * 1e3:,.2f} ms wall, {cpu * 1e3:,.2f} ms CPU"
+    )
+    seed = RESULTS.get(f"seed-python-{name}")
+    if impl != "seed-python" and seed:
+        benchmark.extra_info["ratio_vs_seed"] = round(seed / best, 1)
+        text += f"; {seed / best:,.1f}x faster than the seed algorithm"
+    report(capsys, text)

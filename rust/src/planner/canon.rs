@@ -1,0 +1,799 @@
+//! One pass from JSON bytes to the semantic canonical form of a ResourceSlice spec.
+//!
+//! A general JSON tree costs an allocation per key and per container, and a second tree for
+//! the canonical form; slices are large (128 devices, ~30 KB), so this reader validates the JSON
+//! and writes the canonical bytes as it goes: objects' members are written in input order, then
+//! sorted in place by key. Strings are re-escaped canonically and numbers spelled by value, so
+//! equal canonical bytes mean equal content. The rules are listed in `semantic.rs`.
+
+use super::quantity;
+
+const MAX_DEPTH: usize = 128;
+
+type Result<T> = std::result::Result<T, String>;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ctx {
+    Generic,
+    Spec,
+    Devices,
+    Device,
+    QuantityMap,
+    QuantityEntry,
+    CounterSets,
+    CounterSet,
+    Taints,
+    Taint,
+}
+
+impl Ctx {
+    fn is_array(self) -> bool {
+        matches!(self, Ctx::Devices | Ctx::CounterSets | Ctx::Taints)
+    }
+    fn is_object(self) -> bool {
+        !self.is_array()
+    }
+}
+
+/// What the planner needs from an observed slice besides the canonical spec.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PoolInfo {
+    /// None: not a string.
+    pub name: Option<String>,
+    /// None: not an integer.
+    pub generation: Option<i64>,
+    pub count: Option<i64>,
+}
+
+#[derive(Debug, Default)]
+pub struct Parsed {
+    /// Canonical bytes of the spec without its pool (`null` when there is no spec).
+    pub key: Vec<u8>,
+    pub times: Vec<Option<String>>,
+    pub device_names: Vec<String>,
+    pub pool: PoolInfo,
+    pub name: String,
+    pub uid: String,
+    pub resource_version: String,
+}
+
+struct Member {
+    /// The key's decoded bytes live in `keys[key.0..key.1]`.
+    key: (usize, usize),
+    /// The member's canonical bytes in `out[start..end]`.
+    start: usize,
+    end: usize,
+}
+
+pub struct Reader<'a> {
+    b: &'a [u8],
+    /// The same input, validated as UTF-8 once: slicing it at ASCII delimiters is free.
+    text: &'a str,
+    pos: usize,
+    out: Vec<u8>,
+    keys: Vec<u8>,
+    members: Vec<Member>,
+    scratch: Vec<u8>,
+    depth: usize,
+    times: Vec<Option<String>>,
+    device_names: Vec<String>,
+    pool: PoolInfo,
+}
+
+enum Raw<'a> {
+    Plain(&'a str),
+    Escaped(String),
+}
+
+impl Raw<'_> {
+    fn as_str(&self) -> &str {
+        match self {
+            Raw::Plain(s) => s,
+            Raw::Escaped(s) => s,
+        }
+    }
+}
+
+fn write_str(out: &mut Vec<u8>, s: &str) {
+    if !s.bytes().any(|c| c == b'"' || c == b'\\' || c < 0x20) {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+        return;
+    }
+    out.push(b'"');
+    for &c in s.as_bytes() {
+        match c {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            0..=0x1f => out.extend_from_slice(format!("\\u{c:04x}").as_bytes()),
+            _ => out.push(c),
+        }
+    }
+    out.push(b'"');
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(b: &'a [u8]) -> Result<Self> {
+        let text = std::str::from_utf8(b).map_err(|e| format!("invalid UTF-8: {e}"))?;
+        Ok(Reader {
+            b,
+            text,
+            pos: 0,
+            out: Vec::with_capacity(b.len()),
+            keys: Vec::new(),
+            members: Vec::new(),
+            scratch: Vec::new(),
+            depth: 0,
+            times: Vec::new(),
+            device_names: Vec::new(),
+            pool: PoolInfo {
+                name: Some(String::new()),
+                generation: Some(0),
+                count: Some(0),
+            },
+        })
+    }
+
+    fn err<T>(&self, what: &str) -> Result<T> {
+        Err(format!("invalid JSON at byte {}: {what}", self.pos))
+    }
+
+    fn ws(&mut self) {
+        while let Some(&c) = self.b.get(self.pos) {
+            if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
+                self.pos += 1;
+            } else {
+                break;
+            }
+        }
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        self.ws();
+        self.b.get(self.pos).copied()
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        if self.peek() == Some(c) {
+            self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn expect(&mut self, c: u8) -> Result<()> {
+        if self.eat(c) {
+            Ok(())
+        } else {
+            self.err(&format!("expected '{}'", c as char))
+        }
+    }
+
+    fn end(&mut self) -> Result<()> {
+        if self.peek().is_some() {
+            return self.err("trailing data");
+        }
+        Ok(())
+    }
+
+    fn string(&mut self) -> Result<Raw<'a>> {
+        self.expect(b'"')?;
+        let start = self.pos;
+        let b = self.b;
+        let mut i = start;
+        loop {
+            match b.get(i) {
+                None => return self.err("unterminated string"),
+                Some(b'"') => {
+                    self.pos = i + 1;
+                    return Ok(Raw::Plain(&self.text[start..i]));
+                }
+                Some(b'\\') => break,
+                Some(0..=0x1f) => {
+                    self.pos = i;
+                    return self.err("control character in string");
+                }
+                Some(_) => i += 1,
+            }
+        }
+        let mut units: Vec<u16> = Vec::new();
+        let text = self.text;
+        let mut s = String::from(&text[start..i]);
+        loop {
+            match b.get(i) {
+                None => {
+                    self.pos = i;
+                    return self.err("unterminated string");
+                }
+                Some(b'"') => break,
+                Some(b'\\') => {
+                    let e = b.get(i + 1).copied();
+                    i += 2;
+                    let c = match e {
+                        Some(b'"') => '"',
+                        Some(b'\\') => '\\',
+                        Some(b'/') => '/',
+                        Some(b'b') => '\u{8}',
+                        Some(b'f') => '\u{c}',
+                        Some(b'n') => '\n',
+                        Some(b'r') => '\r',
+                        Some(b't') => '\t',
+                        Some(b'u') => {
+                            let hex = b.get(i..i + 4).and_then(|h| std::str::from_utf8(h).ok());
+                            let Some(u) = hex.and_then(|h| u16::from_str_radix(h, 16).ok()) else {
+                                self.pos = i;
+                                return self.err("bad \\u escape");
+                            };
+                            i += 4;
+                            units.push(u);
+                            if (0xd800..0xdc00).contains(&u) {
+                                continue; // a high surrogate; its pair follows
+                            }
+                            let Ok(decoded) = String::from_utf16(&units) else {
+                                self.pos = i;
+                                return self.err("bad surrogate pair");
+                            };
+                            units.clear();
+                            s.push_str(&decoded);
+                            continue;
+                        }
+                        _ => {
+                            self.pos = i;
+                            return self.err("bad escape");
+                        }
+                    };
+                    if !units.is_empty() {
+                        self.pos = i;
+                        return self.err("bad surrogate pair");
+                    }
+                    s.push(c);
+                }
+                Some(0..=0x1f) => {
+                    self.pos = i;
+                    return self.err("control character in string");
+                }
+                Some(_) => {
+                    let run = i;
+                    while b
+                        .get(i)
+                        .is_some_and(|&c| c != b'"' && c != b'\\' && c >= 0x20)
+                    {
+                        i += 1;
+                    }
+                    if !units.is_empty() {
+                        self.pos = i;
+                        return self.err("bad surrogate pair");
+                    }
+                    s.push_str(&text[run..i]);
+                }
+            }
+        }
+        if !units.is_empty() {
+            self.pos = i;
+            return self.err("bad surrogate pair");
+        }
+        self.pos = i + 1;
+        Ok(Raw::Escaped(s))
+    }
+
+    /// A number's text, validated.
+    fn number(&mut self) -> Result<&'a str> {
+        let b = self.b;
+        let start = self.pos;
+        let mut i = start;
+        if b.get(i) == Some(&b'-') {
+            i += 1;
+        }
+        match b.get(i) {
+            Some(b'0') => i += 1,
+            Some(b'1'..=b'9') => {
+                while b.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+            }
+            _ => {
+                self.pos = i;
+                return self.err("bad number");
+            }
+        }
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            if !b.get(i).is_some_and(u8::is_ascii_digit) {
+                self.pos = i;
+                return self.err("bad fraction");
+            }
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        if matches!(b.get(i), Some(b'e' | b'E')) {
+            i += 1;
+            if matches!(b.get(i), Some(b'+' | b'-')) {
+                i += 1;
+            }
+            if !b.get(i).is_some_and(u8::is_ascii_digit) {
+                self.pos = i;
+                return self.err("bad exponent");
+            }
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+        }
+        self.pos = i;
+        Ok(&self.text[start..i])
+    }
+
+    fn literal(&mut self, word: &[u8]) -> Result<()> {
+        if self.b[self.pos..].starts_with(word) {
+            self.pos += word.len();
+            Ok(())
+        } else {
+            self.err("bad literal")
+        }
+    }
+
+    /// Integers keep their digits (`-0` is 0); other numbers are spelled by their f64 value.
+    fn write_number(&mut self, text: &str) {
+        if text.bytes().all(|c| c == b'-' || c.is_ascii_digit()) {
+            let t = text.strip_prefix('-').unwrap_or(text);
+            if t != "0" && text.starts_with('-') {
+                self.out.push(b'-');
+            }
+            self.out.extend_from_slice(t.as_bytes());
+        } else {
+            let v: f64 = text.parse().unwrap_or(f64::NAN);
+            let v = if v == 0.0 { 0.0 } else { v };
+            self.out
+                .extend_from_slice(format!("f{:016x}", v.to_bits()).as_bytes());
+        }
+    }
+
+    fn enter(&mut self) -> Result<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return self.err("nested too deeply");
+        }
+        Ok(())
+    }
+
+    /// Writes the canonical form of the next value; returns whether the value was null or an
+    /// empty container (which a parent object drops).
+    fn value(&mut self, ctx: Ctx) -> Result<bool> {
+        match self.peek() {
+            Some(b'{') => self.object(if ctx.is_object() { ctx } else { Ctx::Generic }),
+            Some(b'[') => self.array(if ctx.is_array() { ctx } else { Ctx::Generic }),
+            Some(b'"') => {
+                match self.string()? {
+                    // Without escapes the text needs none either: copy it with its quotes.
+                    Raw::Plain(s) => {
+                        self.out.push(b'"');
+                        self.out.extend_from_slice(s.as_bytes());
+                        self.out.push(b'"');
+                    }
+                    Raw::Escaped(s) => write_str(&mut self.out, &s),
+                }
+                Ok(false)
+            }
+            Some(b'n') => {
+                self.literal(b"null")?;
+                self.out.extend_from_slice(b"null");
+                Ok(true)
+            }
+            Some(b't') => {
+                self.literal(b"true")?;
+                self.out.extend_from_slice(b"true");
+                Ok(false)
+            }
+            Some(b'f') => {
+                self.literal(b"false")?;
+                self.out.extend_from_slice(b"false");
+                Ok(false)
+            }
+            Some(_) => {
+                let n = self.number()?;
+                self.write_number(n);
+                Ok(false)
+            }
+            None => self.err("unexpected end"),
+        }
+    }
+
+    /// Skips a value, writing nothing; returns it as (string, integer) when it is one.
+    fn scalar(&mut self) -> Result<(Option<Raw<'a>>, Option<Option<i64>>, bool)> {
+        match self.peek() {
+            Some(b'"') => Ok((Some(self.string()?), None, false)),
+            Some(b'n') => {
+                self.literal(b"null")?;
+                Ok((None, None, true))
+            }
+            Some(b'-' | b'0'..=b'9') => {
+                let n = self.number()?;
+                Ok((None, Some(n.parse().ok()), false))
+            }
+            _ => {
+                let mark = self.out.len();
+                self.value(Ctx::Generic)?;
+                self.out.truncate(mark);
+                Ok((None, None, false))
+            }
+        }
+    }
+
+    fn pool(&mut self) -> Result<()> {
+        let mut info = PoolInfo {
+            name: Some(String::new()),
+            generation: Some(0),
+            count: Some(0),
+        };
+        if self.peek() != Some(b'{') {
+            let (_, _, _) = self.scalar()?;
+            self.pool = info;
+            return Ok(());
+        }
+        self.expect(b'{')?;
+        self.enter()?;
+        if !self.eat(b'}') {
+            loop {
+                let key = self.string()?;
+                self.expect(b':')?;
+                let (s, n, null) = self.scalar()?;
+                match key.as_str() {
+                    "name" => {
+                        info.name = match (s, null) {
+                            (_, true) => Some(String::new()),
+                            (Some(s), _) => Some(s.as_str().to_owned()),
+                            _ => None,
+                        }
+                    }
+                    "generation" => info.generation = if null { Some(0) } else { n.flatten() },
+                    "resourceSliceCount" => info.count = if null { Some(0) } else { n.flatten() },
+                    _ => {}
+                }
+                if self.eat(b',') {
+                    continue;
+                }
+                self.expect(b'}')?;
+                break;
+            }
+        }
+        self.depth -= 1;
+        self.pool = info;
+        Ok(())
+    }
+
+    fn quantity(&mut self) -> Result<()> {
+        let text = match self.peek() {
+            Some(b'"') => match self.string()? {
+                Raw::Plain(s) => std::borrow::Cow::Borrowed(s),
+                Raw::Escaped(s) => std::borrow::Cow::Owned(s),
+            },
+            Some(b'n') => {
+                self.literal(b"null")?;
+                std::borrow::Cow::Borrowed("0")
+            }
+            Some(b'-' | b'0'..=b'9') => std::borrow::Cow::Borrowed(self.number()?),
+            _ => {
+                self.value(Ctx::Generic)?;
+                return Ok(());
+            }
+        };
+        match quantity::parse(&text) {
+            Ok(q) => write_str(&mut self.out, &quantity::value_key(&q)),
+            // A value the API server would never return: compared textually, never equal to a
+            // valid quantity.
+            Err(_) => write_str(&mut self.out, &format!("!{text}")),
+        }
+        Ok(())
+    }
+
+    fn time(&mut self) -> Result<Option<String>> {
+        let t = match self.peek() {
+            Some(b'"') => Some(self.string()?.as_str().to_owned()),
+            Some(b'n') => {
+                self.literal(b"null")?;
+                None
+            }
+            _ => {
+                let mark = self.out.len();
+                self.value(Ctx::Generic)?;
+                let text = String::from_utf8_lossy(&self.out[mark..]).into_owned();
+                self.out.truncate(mark);
+                Some(format!("\u{0}{text}"))
+            }
+        };
+        Ok(t)
+    }
+
+    fn array(&mut self, ctx: Ctx) -> Result<bool> {
+        self.expect(b'[')?;
+        self.enter()?;
+        self.out.push(b'[');
+        let elem = match ctx {
+            Ctx::Devices => Ctx::Device,
+            Ctx::CounterSets => Ctx::CounterSet,
+            Ctx::Taints => Ctx::Taint,
+            _ => Ctx::Generic,
+        };
+        let mut n = 0;
+        if !self.eat(b']') {
+            loop {
+                if n > 0 {
+                    self.out.push(b',');
+                }
+                if elem == Ctx::Device && self.peek() != Some(b'{') {
+                    self.device_names.push(String::new());
+                }
+                self.value(elem)?;
+                n += 1;
+                if self.eat(b',') {
+                    continue;
+                }
+                self.expect(b']')?;
+                break;
+            }
+        }
+        self.out.push(b']');
+        self.depth -= 1;
+        Ok(n == 0)
+    }
+
+    fn child_ctx(ctx: Ctx, key: &str) -> Ctx {
+        match (ctx, key) {
+            (Ctx::Spec, "devices") => Ctx::Devices,
+            (Ctx::Spec, "sharedCounters") | (Ctx::Device, "consumesCounters") => Ctx::CounterSets,
+            (Ctx::Device, "capacity") | (Ctx::CounterSet, "counters") => Ctx::QuantityMap,
+            (Ctx::Device, "taints") => Ctx::Taints,
+            (Ctx::QuantityMap, _) => Ctx::QuantityEntry,
+            _ => Ctx::Generic,
+        }
+    }
+
+    /// Writes one member's canonical `"key":value`; returns whether to keep it.
+    fn member(&mut self, ctx: Ctx, k: &str, time_slot: usize) -> Result<bool> {
+        match (ctx, k) {
+            (Ctx::Spec, "pool") => {
+                self.pool()?;
+                return Ok(false);
+            }
+            (Ctx::Spec, "allNodes") if self.peek() == Some(b'f') => {
+                // Upstream compares allNodes as a plain bool: false is the same as unset.
+                self.literal(b"false")?;
+                return Ok(false);
+            }
+            (Ctx::Taint, "timeAdded") => {
+                self.times[time_slot] = self.time()?;
+                return Ok(false);
+            }
+            (Ctx::Device, "name") => {
+                let name = if self.peek() == Some(b'"') {
+                    let save = self.pos;
+                    let name = self.string()?.as_str().to_owned();
+                    self.pos = save;
+                    name
+                } else {
+                    String::new()
+                };
+                if let Some(last) = self.device_names.last_mut() {
+                    *last = name;
+                }
+            }
+            _ => {}
+        }
+        write_str(&mut self.out, k);
+        self.out.push(b':');
+        if ctx == Ctx::QuantityEntry && k == "value" {
+            self.quantity()?;
+            return Ok(true);
+        }
+        if ctx == Ctx::QuantityMap && self.peek() == Some(b'n') {
+            // A null entry is a zero DeviceCapacity / Counter: present, with a zero value.
+            self.literal(b"null")?;
+            self.out.extend_from_slice(b"{\"value\":\"0\"}");
+            return Ok(true);
+        }
+        let empty = self.value(Self::child_ctx(ctx, k))?;
+        Ok(!empty || ctx == Ctx::QuantityMap)
+    }
+
+    fn object(&mut self, ctx: Ctx) -> Result<bool> {
+        self.expect(b'{')?;
+        self.enter()?;
+        let base = self.members.len();
+        let keys_base = self.keys.len();
+        let obj_start = self.out.len();
+        self.out.push(b'{');
+        let mut n = 0;
+        let mut has_value = false;
+        match ctx {
+            Ctx::Device => self.device_names.push(String::new()),
+            Ctx::Taint => self.times.push(None),
+            _ => {}
+        }
+        let time_slot = self.times.len().wrapping_sub(1);
+        if !self.eat(b'}') {
+            loop {
+                let key = self.string()?;
+                self.expect(b':')?;
+                n += 1;
+                let k = key.as_str();
+                has_value |= ctx == Ctx::QuantityEntry && k == "value";
+                let before = self.out.len();
+                if self.members.len() > base {
+                    self.out.push(b',');
+                }
+                let start = self.out.len();
+                if self.member(ctx, k, time_slot)? {
+                    let ks = self.keys.len();
+                    self.keys.extend_from_slice(k.as_bytes());
+                    self.members.push(Member {
+                        key: (ks, self.keys.len()),
+                        start,
+                        end: self.out.len(),
+                    });
+                } else {
+                    self.out.truncate(before);
+                }
+                if self.eat(b',') {
+                    continue;
+                }
+                self.expect(b'}')?;
+                break;
+            }
+        }
+        if ctx == Ctx::QuantityEntry && !has_value {
+            if self.members.len() > base {
+                self.out.push(b',');
+            }
+            let start = self.out.len();
+            self.out.extend_from_slice(b"\"value\":\"0\"");
+            let ks = self.keys.len();
+            self.keys.extend_from_slice(b"value");
+            self.members.push(Member {
+                key: (ks, self.keys.len()),
+                start,
+                end: self.out.len(),
+            });
+        }
+        self.finish_object(base, keys_base, obj_start);
+        self.depth -= 1;
+        Ok(n == 0)
+    }
+
+    /// Rewrites the members written since `obj_start` in key order, the last of equal keys
+    /// winning (as in every JSON decoder Kubernetes uses), comma-separated, and closes the brace.
+    fn finish_object(&mut self, base: usize, keys_base: usize, obj_start: usize) {
+        let members = &mut self.members[base..];
+        let keys = &self.keys;
+        let key = |m: &Member| &keys[m.key.0..m.key.1];
+        let sorted = members.windows(2).all(|w| key(&w[0]) < key(&w[1]));
+        if !sorted {
+            members.sort_by(|a, b| key(a).cmp(key(b)));
+            self.scratch.clear();
+            let mut first = true;
+            for i in 0..members.len() {
+                if members
+                    .get(i + 1)
+                    .is_some_and(|n| key(n) == key(&members[i]))
+                {
+                    continue;
+                }
+                if !first {
+                    self.scratch.push(b',');
+                }
+                first = false;
+                self.scratch
+                    .extend_from_slice(&self.out[members[i].start..members[i].end]);
+            }
+            self.out.truncate(obj_start + 1);
+            self.out.extend_from_slice(&self.scratch);
+        }
+        self.out.push(b'}');
+        self.members.truncate(base);
+        self.keys.truncate(keys_base);
+    }
+
+    fn into_parsed(self) -> Parsed {
+        Parsed {
+            key: self.out,
+            times: self.times,
+            device_names: self.device_names,
+            pool: self.pool,
+            ..Parsed::default()
+        }
+    }
+}
+
+/// A desired spec: must be a JSON object.
+pub fn spec(bytes: &[u8]) -> Result<Parsed> {
+    let mut r = Reader::new(bytes)?;
+    if r.peek() != Some(b'{') {
+        return Err("spec is not a JSON object".to_owned());
+    }
+    r.value(Ctx::Spec)?;
+    r.end()?;
+    Ok(r.into_parsed())
+}
+
+/// An observed ResourceSlice object: metadata name, uid, resourceVersion and the spec.
+pub fn observed(bytes: &[u8]) -> Result<Parsed> {
+    let mut r = Reader::new(bytes)?;
+    r.expect(b'{')?;
+    r.enter()?;
+    let (mut name, mut uid, mut rv) = (String::new(), String::new(), String::new());
+    let mut spec_seen = false;
+    if !r.eat(b'}') {
+        loop {
+            let key = r.string()?;
+            r.expect(b':')?;
+            match key.as_str() {
+                "metadata" if r.peek() == Some(b'{') => {
+                    r.expect(b'{')?;
+                    r.enter()?;
+                    if !r.eat(b'}') {
+                        loop {
+                            let k = r.string()?;
+                            r.expect(b':')?;
+                            let (s, _, _) = r.scalar()?;
+                            let v = s.map(|s| s.as_str().to_owned()).unwrap_or_default();
+                            match k.as_str() {
+                                "name" => name = v,
+                                "uid" => uid = v,
+                                "resourceVersion" => rv = v,
+                                _ => {}
+                            }
+                            if r.eat(b',') {
+                                continue;
+                            }
+                            r.expect(b'}')?;
+                            break;
+                        }
+                    }
+                    r.depth -= 1;
+                }
+                "spec" => {
+                    // The last spec wins, as with duplicate keys elsewhere.
+                    r.out.clear();
+                    r.times.clear();
+                    r.device_names.clear();
+                    r.pool = PoolInfo {
+                        name: Some(String::new()),
+                        generation: Some(0),
+                        count: Some(0),
+                    };
+                    let ctx = if r.peek() == Some(b'{') {
+                        Ctx::Spec
+                    } else {
+                        Ctx::Generic
+                    };
+                    r.value(ctx)?;
+                    spec_seen = true;
+                }
+                _ => {
+                    let mark = r.out.len();
+                    let saved = (r.times.len(), r.device_names.len());
+                    r.value(Ctx::Generic)?;
+                    r.out.truncate(mark);
+                    r.times.truncate(saved.0);
+                    r.device_names.truncate(saved.1);
+                }
+            }
+            if r.eat(b',') {
+                continue;
+            }
+            r.expect(b'}')?;
+            break;
+        }
+    }
+    r.end()?;
+    if !spec_seen {
+        r.out.clear();
+        r.out.extend_from_slice(b"null");
+    }
+    let mut p = r.into_parsed();
+    p.name = name;
+    p.uid = uid;
+    p.resource_version = rv;
+    Ok(p)
+}
