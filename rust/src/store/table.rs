@@ -100,13 +100,6 @@ pub enum DeltaKind {
     Delete = 2,
 }
 
-pub struct Delta<'a> {
-    pub kind: DeltaKind,
-    pub key: &'a str,
-    pub rv: String,
-    pub raw: Option<&'a [u8]>,
-}
-
 /// The verdict of the consumer's filter on one object.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Verdict {
