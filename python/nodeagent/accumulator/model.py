@@ -130,7 +130,3 @@ class ObjectMap(Mapping[ObjectKey, T]):
 
 def delta_type(code: int) -> DeltaType:
     return _DELTA_TYPES[code]
-
-
-def any_map() -> ObjectMap[Any]:
-    return ObjectMap()

@@ -33,10 +33,6 @@ class Notifier:
         if self._offered.is_set():
             self._offered = trio.Event()
 
-    @property
-    def offered(self) -> bool:
-        return self._offered.is_set()
-
     async def wait(self) -> None:
         await self._offered.wait()
         self._offered = trio.Event()
