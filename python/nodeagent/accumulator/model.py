@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, NamedTuple, TypeVar, cast
+from typing import Generic, NamedTuple, TypeVar, cast
 
 from nodeagent._native import PMap
 from nodeagent.accumulator.selectors import FieldSelector, LabelSelector
