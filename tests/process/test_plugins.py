@@ -19,9 +19,9 @@ from nodeagent.sdk import ReporterPlugin, ReportItem
 
 async def main(registry_dir):
     async with ReporterPlugin.serve(name="cpu-reporter", registry_dir=registry_dir) as plugin:
-        plugin.report([ReportItem(group="node.katalyst.kubewharf.io", version="v1alpha1",
-                                  kind="CustomNodeResource", field_type="Status",
-                                  field_name="resources", value={"cpu": "4"})])
+        await plugin.report([ReportItem(group="node.katalyst.kubewharf.io", version="v1alpha1",
+                                        kind="CustomNodeResource", field_type="Status",
+                                        field_name="resources", value={"cpu": "4"})])
         await trio.sleep_forever()
 
 trio.run(main, sys.argv[1])
