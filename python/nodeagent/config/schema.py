@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import msgspec
 
+from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.kube.settings import KubeSettings
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings
 
-__all__ = ["AgentSettings", "Config", "KubeSettings", "OpsSettings", "PluginSettings"]
+__all__ = [
+    "AccumulatorSettings",
+    "AgentSettings",
+    "Config",
+    "KubeSettings",
+    "OpsSettings",
+    "PluginSettings",
+]
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -16,3 +24,4 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ops: OpsSettings = msgspec.field(default_factory=OpsSettings)
     plugins: PluginSettings = msgspec.field(default_factory=PluginSettings)
     kube: KubeSettings = msgspec.field(default_factory=KubeSettings)
+    accumulator: AccumulatorSettings = msgspec.field(default_factory=AccumulatorSettings)

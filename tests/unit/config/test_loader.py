@@ -98,7 +98,12 @@ def test_explicit_registry_dir_is_kept_and_relative_is_under_state_dir() -> None
         ({"kube": {"qps": "fast"}}, "kube.qps", "fast", "expected float"),
         ({"kube": {"kubeconfig": 3}}, "kube.kubeconfig", 3, "expected str"),
         ({"kube": {"kube_config": "/k"}}, "kube.kube_config", "/k", "unknown field"),
-        ({"agnet": {}}, "agnet", {}, "unknown field (known: agent, ops, plugins, kube)"),
+        (
+            {"agnet": {}},
+            "agnet",
+            {},
+            "unknown field (known: agent, ops, plugins, kube, accumulator)",
+        ),
         ({"agent": 3}, "agent", 3, "expected object, got int"),
     ],
 )
@@ -130,6 +135,7 @@ def test_decode_errors_name_field_value_and_rule(
         ({"ops": {"max_header_bytes": 10}}, "ops.max_header_bytes", "1024.."),
         ({"plugins": {"scan_interval": -1.0}}, "plugins.scan_interval", ""),
         ({"kube": {"qps": -1.0}}, "kube.qps", ""),
+        ({"accumulator": {"max_interval": 0}}, "accumulator.max_interval", "> 0"),
     ],
 )
 def test_validation_rules_name_the_section_field(
