@@ -144,3 +144,45 @@ def test_rust_rejects_malformed_input_naming_it() -> None:
         _native.plan_pool([b'{"pool": {"name": "a"}}', b'{"pool": {"name": "b"}}'], [])
     with pytest.raises(ValueError, match="not a JSON object"):
         _native.plan_pool([b"[]"], [])
+
+
+def test_json_spelling_does_not_matter() -> None:
+    a = b'{"driver": "d", "devices": [{"name": "x", "attributes": {"m": {"string": "a\\"b"}}}]}'
+    b = (
+        b'{"devices":[{"attributes":{"m":{"string":"a\\u0022b"}},"name":"\\u0078"}],'
+        b'"driver":"d","driver":"d"}'
+    )
+    assert _native.slice_spec_equal(a, b)
+    assert not _native.slice_spec_equal(a, b.replace(b"u0078", b"u0079"))
+    # The last of duplicate keys wins, as in Go's and Python's decoders.
+    assert _native.slice_spec_equal(b'{"driver": "x", "driver": "d"}', b'{"driver": "d"}')
+    assert _native.slice_spec_equal(b'{"n": -0, "f": 1.0}', b'{"n": 0, "f": 1.00}')
+    assert not _native.slice_spec_equal(b'{"n": 1}', b'{"n": 1.0}')
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b'{"a": }',
+        b'{"a": 1,}',
+        b'{"a": "\\x"}',
+        b'{"a": 01}',
+        b'{"a": 1} x',
+        b'{"a": "\xff"}',
+        b'{"a": "\\ud800"}',
+        b'{"a": ' + b"[" * 200 + b"]" * 200 + b"}",
+        b'{"a": tru}',
+    ],
+)
+def test_invalid_json_is_rejected(bad: bytes) -> None:
+    with pytest.raises(ValueError, match="invalid"):
+        _native.slice_spec_equal(b"{}", bad)
+
+
+def test_prepared_slices_expose_their_identity() -> None:
+    (o,) = _native.prepare_observed([json.dumps(published("s0", spec("a"), 1, 1)).encode()])
+    (d,) = _native.prepare_desired([json.dumps(spec("a")).encode()])
+    assert (o.name, o.uid, o.resource_version, d.pool_name) == ("s0", "uid-s0", "7", "pool-a")
+    assert _native.plan_prepared([d], [o]) == (1, [0], [], [], [])
+    with pytest.raises(ValueError, match="observed slice 0"):
+        _native.prepare_observed([b"{"])

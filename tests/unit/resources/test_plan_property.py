@@ -24,9 +24,10 @@ def _b(x: Any) -> bytes:
 @given(pool_case())
 def test_rust_plan_equals_reference(case: tuple[list[Any], list[Any]]) -> None:
     desired, observed = case
-    assert _native.plan_pool([_b(d) for d in desired], [_b(o) for o in observed]) == (
-        reference_plan(desired, observed)
-    )
+    d, o = [_b(x) for x in desired], [_b(x) for x in observed]
+    plan = _native.plan_pool(d, o)
+    assert plan == reference_plan(desired, observed)
+    assert _native.plan_prepared(_native.prepare_desired(d), _native.prepare_observed(o)) == plan
 
 
 @st.composite
