@@ -109,9 +109,13 @@ def test_node_identity_and_node_restriction(srv: ApiServer) -> None:
     assert body["metadata"]["name"] == "node-a"
 
     # ResourceSlices: allowed for its own nodeName, Forbidden for another node's.
-    status, body = srv.request("POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("node-b"), identity="node-a")
+    status, body = srv.request(
+        "POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("node-b"), identity="node-a"
+    )
     assert status == 403, body
-    status, body = srv.request("POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("node-a"), identity="node-a")
+    status, body = srv.request(
+        "POST", "/apis/resource.k8s.io/v1/resourceslices", _slice("node-a"), identity="node-a"
+    )
     assert status == 201, body
     assert body["spec"]["nodeName"] == "node-a"
     name = body["metadata"]["name"]
@@ -131,7 +135,10 @@ def test_token_auth(srv: ApiServer) -> None:
     assert status == 200
     review = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
     status, body = srv.request(
-        "POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", review, token=srv.token("token-b")
+        "POST",
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        review,
+        token=srv.token("token-b"),
     )
     assert status == 201, body
     assert body["status"]["userInfo"]["username"] == "token-user"
@@ -143,9 +150,13 @@ def test_token_auth(srv: ApiServer) -> None:
 def test_token_kubeconfig_without_client_cert(srv: ApiServer) -> None:
     ctx = ssl.create_default_context(cafile=str(srv.dir / "ca.crt"))
     token = next(
-        ln.split(":", 1)[1].strip() for ln in srv.kubeconfig("token").read_text().splitlines() if "token:" in ln
+        ln.split(":", 1)[1].strip()
+        for ln in srv.kubeconfig("token").read_text().splitlines()
+        if "token:" in ln
     )
-    req = urllib.request.Request(srv.url + "/api/v1/namespaces", headers={"Authorization": f"Bearer {token}"})
+    req = urllib.request.Request(
+        srv.url + "/api/v1/namespaces", headers={"Authorization": f"Bearer {token}"}
+    )
     with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
         assert resp.status == 200
 
@@ -207,7 +218,8 @@ def test_compact_gives_410_on_old_watch(srv: ApiServer) -> None:
     assert _is_gone(status, ev), (status, ev)
     # An exact-revision list goes to etcd too.
     status, body = srv.request(
-        "GET", f"/api/v1/namespaces/default/events?resourceVersion={old_rv}&resourceVersionMatch=Exact"
+        "GET",
+        f"/api/v1/namespaces/default/events?resourceVersion={old_rv}&resourceVersionMatch=Exact",
     )
     assert status == 410, body
 
@@ -215,17 +227,25 @@ def test_compact_gives_410_on_old_watch(srv: ApiServer) -> None:
 def test_compact_and_restart_gives_410_on_cached_resource(srv: ApiServer) -> None:
     # ConfigMaps are served from the watch cache, which keeps its own event
     # window; after a restart the cache starts at the current revision.
-    cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": _name("cm")}, "data": {"a": "1"}}
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": _name("cm")},
+        "data": {"a": "1"},
+    }
     status, body = srv.request("POST", "/api/v1/namespaces/default/configmaps", cm)
     assert status == 201, body
     old_rv = body["metadata"]["resourceVersion"]
     status, _ = srv.request(
-        "PATCH", f"/api/v1/namespaces/default/configmaps/{cm['metadata']['name']}", {"data": {"a": "2"}}
+        "PATCH",
+        f"/api/v1/namespaces/default/configmaps/{cm['metadata']['name']}",
+        {"data": {"a": "2"}},
     )
     assert status == 200
     srv.compact()
     srv.restart()
     status, ev = _first_watch_event(
-        srv, f"/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={old_rv}&timeoutSeconds=5"
+        srv,
+        f"/api/v1/namespaces/default/configmaps?watch=1&resourceVersion={old_rv}&timeoutSeconds=5",
     )
     assert _is_gone(status, ev), (status, ev)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import contextlib
 import json
 import os
 import pathlib
@@ -40,7 +41,8 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import weakref
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 __all__ = [
     "ApiServer",
@@ -93,7 +95,9 @@ def build_harness() -> pathlib.Path:
             return _built
         env = dict(os.environ)
         if not any(
-            os.access(os.path.join(p, "go"), os.X_OK) for p in env.get("PATH", "").split(os.pathsep) if p
+            os.access(os.path.join(p, "go"), os.X_OK)
+            for p in env.get("PATH", "").split(os.pathsep)
+            if p
         ) and os.access("/usr/local/go/bin/go", os.X_OK):
             env["PATH"] = "/usr/local/go/bin" + os.pathsep + env.get("PATH", "")
         proc = subprocess.run(
@@ -101,8 +105,7 @@ def build_harness() -> pathlib.Path:
             cwd=BUILD_SH.parent,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            capture_output=True,
             text=True,
         )
         lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
@@ -202,23 +205,19 @@ class _Proc:
     def kill(self) -> None:
         p = self.popen
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 p.kill()
-            except ProcessLookupError:
-                pass
             p.wait()
 
 
-_live: "weakref.WeakSet[ApiServer]" = weakref.WeakSet()
+_live: weakref.WeakSet[ApiServer] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_all() -> None:
     for srv in list(_live):
-        try:
+        with contextlib.suppress(Exception):  # best effort at interpreter exit
             srv.close()
-        except Exception:
-            pass
 
 
 # --------------------------------------------------------------------------
@@ -332,7 +331,9 @@ class ApiServer:
             hdrs["Authorization"] = f"Bearer {token}"
             identity = None
         hdrs.update(headers or {})
-        req = urllib.request.Request(self.url + path, data=data, method=method.upper(), headers=hdrs)
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method.upper(), headers=hdrs
+        )
         ctx = self.ssl_context(identity)
         try:
             with urllib.request.urlopen(req, context=ctx, timeout=timeout) as resp:
@@ -349,10 +350,14 @@ class ApiServer:
 
     def _run_certs(self) -> None:
         argv = [
-            str(self.binary), "certs",
-            "--dir", str(self.dir),
-            "--nodes", ",".join(self.nodes),
-            "--server", self.url,
+            str(self.binary),
+            "certs",
+            "--dir",
+            str(self.dir),
+            "--nodes",
+            ",".join(self.nodes),
+            "--server",
+            self.url,
         ]
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -364,10 +369,14 @@ class ApiServer:
         self._etcd = _Proc(
             "etcd",
             [
-                str(self.binary), "etcd",
-                "--dir", str(self.dir),
-                "--client-port", str(self.etcd_port),
-                "--peer-port", str(self.etcd_peer_port),
+                str(self.binary),
+                "etcd",
+                "--dir",
+                str(self.dir),
+                "--client-port",
+                str(self.etcd_port),
+                "--peer-port",
+                str(self.etcd_peer_port),
             ],
             self.etcd_log,
         )
@@ -379,13 +388,17 @@ class ApiServer:
                     f"{self.etcd_log} tail:\n{_tail(self.etcd_log)}"
                 )
             try:
-                self._etcd_post("/v3/kv/range", {"key": base64.b64encode(b"\0").decode()}, timeout=2)
+                self._etcd_post(
+                    "/v3/kv/range", {"key": base64.b64encode(b"\0").decode()}, timeout=2
+                )
                 return
             except (OSError, urllib.error.URLError):
                 pass
             if time.monotonic() > deadline:
                 self._etcd.kill()
-                raise ApiServerError(f"etcd not ready after {READY_TIMEOUT:.0f}s; tail:\n{_tail(self.etcd_log)}")
+                raise ApiServerError(
+                    f"etcd not ready after {READY_TIMEOUT:.0f}s; tail:\n{_tail(self.etcd_log)}"
+                )
             time.sleep(0.1)
 
     def start_apiserver(self) -> None:
@@ -396,10 +409,14 @@ class ApiServer:
             return
         t0 = time.monotonic()
         argv = [
-            str(self.binary), "apiserver",
-            "--dir", str(self.dir),
-            "--etcd", self.etcd_url,
-            "--port", str(self.port),
+            str(self.binary),
+            "apiserver",
+            "--dir",
+            str(self.dir),
+            "--etcd",
+            self.etcd_url,
+            "--port",
+            str(self.port),
         ]
         if self.extra_args:
             argv += ["--", *self.extra_args]
@@ -414,7 +431,8 @@ class ApiServer:
         while True:
             if not self._apiserver.alive():
                 raise ApiServerError(
-                    f"kube-apiserver exited with {self._apiserver.popen.returncode} before /readyz; "
+                    f"kube-apiserver exited with {self._apiserver.popen.returncode} "
+                    "before /readyz; "
                     f"{self.apiserver_log} tail:\n{_tail(self.apiserver_log)}"
                 )
             try:
@@ -456,7 +474,9 @@ class ApiServer:
 
     @property
     def apiserver_pid(self) -> int | None:
-        return self._apiserver.pid if self._apiserver is not None and self._apiserver.alive() else None
+        return (
+            self._apiserver.pid if self._apiserver is not None and self._apiserver.alive() else None
+        )
 
     def close(self) -> None:
         """Stop kube-apiserver, then etcd. Idempotent."""
@@ -471,7 +491,7 @@ class ApiServer:
                 self._etcd = None
             _live.discard(self)
 
-    def __enter__(self) -> "ApiServer":
+    def __enter__(self) -> ApiServer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -506,7 +526,9 @@ class ApiServer:
         """
         rev = self.etcd_revision()
         try:
-            self._etcd_post("/v3/kv/compaction", {"revision": str(rev), "physical": True}, timeout=30)
+            self._etcd_post(
+                "/v3/kv/compaction", {"revision": str(rev), "physical": True}, timeout=30
+            )
         except urllib.error.HTTPError as e:
             msg = e.read().decode("utf-8", "replace")
             if "compacted" not in msg:  # already compacted at rev: fine
