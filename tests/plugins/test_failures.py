@@ -20,7 +20,9 @@ from grpclib.server import Server
 from prometheus_client import REGISTRY
 
 from nodeagent.config.errors import ConfigError
-from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
+from nodeagent.plugins import GrpcBridge, PluginData, PluginManager, PluginSettings
+from nodeagent.plugins.handler import PluginEndpoint
+from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.sdk import DevicePlugin, ReporterPlugin, ReportItem
@@ -368,6 +370,54 @@ async def test_failing_notify_does_not_undo_a_registration(
         await wait_until(manager, lambda: "mute" in manager.channel("ReporterPlugin").value)
         assert state_of(manager, "mute") == "registered"
         assert _errors("notify") == notify_errors + 1
+
+
+class _RefusingReporterHandler(ReporterHandler):
+    """A reporter handler whose Register step fails `refusals` times, then works."""
+
+    def __init__(self, bridge: GrpcBridge, settings: PluginSettings, refusals: int) -> None:
+        super().__init__(bridge, settings)
+        self.refusals = refusals
+        self.attempts: list[float] = []
+
+    async def register(self, plugin: PluginEndpoint) -> None:
+        self.attempts.append(trio.current_time())
+        if len(self.attempts) <= self.refusals:
+            raise RuntimeError(f"handler busy (attempt {len(self.attempts)})")
+        await super().register(plugin)
+
+
+async def test_failed_register_step_is_reported_and_retried_with_backoff(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    # The kubelet never retries a failed Register step; this manager does, with its backoff.
+    settings = fast_settings(registry)
+    handler = _RefusingReporterHandler(bridge, settings, refusals=2)
+    manager = PluginManager(settings, bridge, handlers=[handler])
+    await nursery.start(manager.run)
+    register_errors = _errors("register")
+    service = ScriptedRegistration(_info("picky"))
+    async with bridge.serve([service, CrashingReporter(0)], os.path.join(registry, "picky.sock")):
+        first = await service.wait_notified(1)
+        assert not first.plugin_registered
+        assert first.error == (
+            "RegisterPlugin error -- plugin registration failed with err: "
+            "handler busy (attempt 1)"
+        )
+        second = await service.wait_notified(2)
+        assert not second.plugin_registered
+        assert "handler busy (attempt 2)" in second.error
+        third = await service.wait_notified(3)
+        assert third.plugin_registered and third.error == ""
+        await wait_until(manager, lambda: "picky" in manager.channel("ReporterPlugin").value)
+        assert state_of(manager, "picky") == "registered"
+    assert _errors("register") == register_errors + 2
+    assert len(handler.attempts) == 3
+    # Exponential backoff (0.05 s doubling): never retried before the backoff allows.
+    first_gap = handler.attempts[1] - handler.attempts[0]
+    second_gap = handler.attempts[2] - handler.attempts[1]
+    assert first_gap >= settings.registration_backoff_initial
+    assert second_gap >= 2 * settings.registration_backoff_initial
 
 
 async def test_registry_trouble_is_reported_and_recovered(
