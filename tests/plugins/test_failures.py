@@ -401,8 +401,7 @@ async def test_failed_register_step_is_reported_and_retried_with_backoff(
         first = await service.wait_notified(1)
         assert not first.plugin_registered
         assert first.error == (
-            "RegisterPlugin error -- plugin registration failed with err: "
-            "handler busy (attempt 1)"
+            "RegisterPlugin error -- plugin registration failed with err: handler busy (attempt 1)"
         )
         second = await service.wait_notified(2)
         assert not second.plugin_registered
