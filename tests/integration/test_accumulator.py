@@ -72,6 +72,10 @@ class Gate:
         self.open = trio.Event()
         self.open.set()
         self.calls = 0
+        self.fed = bytearray()  # every watch chunk the inner sink has ingested
+        self.progress = trio.Event()
+        self.entered = trio.Event()  # the first call has reached the gate
+        self.listed = trio.Event()  # the inner sink has ended a list
 
     def close(self) -> None:
         if self.open.is_set():
@@ -79,9 +83,21 @@ class Gate:
 
     async def __call__(self) -> None:
         self.calls += 1
+        self.entered.set()
         await self.open.wait()
         if self.delay:
             await trio.sleep(self.delay)
+
+    def ingested(self, chunk: bytes) -> None:
+        self.fed += chunk
+        self.progress.set()
+        self.progress = trio.Event()
+
+    async def wait_ingested(self, resource_version: str) -> None:
+        """Wait until the watch has delivered (and the sink ingested) `resource_version`."""
+        needle = f'"resourceVersion":"{resource_version}"'.encode()
+        while needle not in self.fed:
+            await self.progress.wait()
 
 
 class GatedSink:
@@ -99,10 +115,13 @@ class GatedSink:
     async def end_list(self, resource_version: str) -> None:
         await self.gate()
         await self.inner.end_list(resource_version)
+        self.gate.listed.set()
 
     async def feed(self, chunk: bytes) -> FeedResult:
         await self.gate()
-        return await self.inner.feed(chunk)
+        result = await self.inner.feed(chunk)
+        self.gate.ingested(chunk)
+        return result
 
     async def end_stream(self) -> None:
         await self.inner.end_stream()
@@ -322,30 +341,55 @@ async def test_read_your_writes_while_watch_is_delayed(apiserver: ApiServer, ns:
             await until(acc, snap, lambda s: True)
             for g in gates.values():
                 g.close()  # from now on the watch delivers nothing
+            last_rv: dict[str, str] = {}
             for i in range(25):
                 cm_obj = cm("counter", n=str(i))
                 secret = {"metadata": {"name": "counter"}, "stringData": {"n": str(i)}}
                 if i == 0:
-                    await client.create(CONFIGMAPS, cm_obj, ns)
-                    await client.create(SECRETS, secret, ns)
+                    written = [
+                        await client.create(CONFIGMAPS, cm_obj, ns, into=ConfigMap),
+                        await client.create(SECRETS, secret, ns, into=Secret),
+                    ]
                 else:
-                    await client.patch(CONFIGMAPS, "counter", {"data": {"n": str(i)}}, ns)
-                    await client.patch(SECRETS, "counter", {"stringData": {"n": str(i)}}, ns)
+                    written = [
+                        await client.patch(
+                            CONFIGMAPS, "counter", {"data": {"n": str(i)}}, ns, into=ConfigMap
+                        ),
+                        await client.patch(
+                            SECRETS, "counter", {"stringData": {"n": str(i)}}, ns, into=Secret
+                        ),
+                    ]
+                for plural, obj in zip(("configmaps", "secrets"), written, strict=True):
+                    assert obj.metadata.resource_version
+                    last_rv[plural] = obj.metadata.resource_version
                 assert acc.update(snap)
                 assert data_of(snap.cms) == {"counter": {"n": str(i)}}
                 (sec,) = snap.secrets.values_list()
                 assert sec.data == {"n": _b64(str(i))}
             for g in gates.values():
                 g.open.set()
-            # The watch replays 25 versions of each; the snapshot never moves backwards.
-            deadline = trio.current_time() + 10
-            while trio.current_time() < deadline:
-                with trio.move_on_after(1):
+            # The watch replays 25 versions of each; the snapshot never moves backwards, and
+            # once the watch has caught up with the last write nothing is reported again.
+            deltas: list[Delta[Any]] = []
+
+            async def consume() -> None:
+                while True:
                     await acc.changed()
-                deltas: list[Delta[Any]] = []
-                acc.update(snap, deltas)
-                assert data_of(snap.cms) == {"counter": {"n": "24"}}
-                assert deltas == []
+                    acc.update(snap, deltas)
+                    assert data_of(snap.cms) == {"counter": {"n": "24"}}
+                    assert deltas == []
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(consume)
+                with trio.fail_after(30):
+                    for plural, g in gates.items():
+                        await g.wait_ingested(last_rv[plural])
+                nursery.cancel_scope.cancel()
+            acc.update(snap, deltas)
+            assert data_of(snap.cms) == {"counter": {"n": "24"}}
+            (sec,) = snap.secrets.values_list()
+            assert sec.data == {"n": _b64("24")}
+            assert deltas == []
             await client.delete(CONFIGMAPS, "counter", ns)
             deltas = []
             assert acc.update(snap, deltas)
@@ -416,18 +460,22 @@ async def test_multi_kind_gating_with_a_crd(
     )
     gate = Gate()
     gate.close()  # the CRD's list does not complete until released
+    cms_gate = Gate()  # open: only observes when the ConfigMap list has ended
     queries: list[Query[Any]] = [
         cm_query(ns),
         Query("gizmos", f"{GROUP}/v1", "Gizmo", namespace=ns, into=Gizmo),
     ]
     async with (
         client_for(apiserver, "admin") as client,
-        accumulating(GatedWatches(client, {"gizmos": gate}), queries) as acc,
+        accumulating(
+            GatedWatches(client, {"gizmos": gate, "configmaps": cms_gate}), queries
+        ) as acc,
     ):
         snap = Snap()
-        with trio.move_on_after(3):
-            await acc.changed()
-            pytest.fail("notified before the CRD query synced")
+        with trio.fail_after(30):
+            await cms_gate.listed.wait()  # the ConfigMap query has synced
+            await gate.entered.wait()  # the CRD's list has arrived and is held
+        # One query synced, one not: no snapshot is offered.
         assert not acc.update(snap)
         assert acc.not_ready_reason() == "gizmos: not synced"
         gate.open.set()
