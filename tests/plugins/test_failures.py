@@ -43,8 +43,12 @@ def _value(data: PluginData) -> bytes:
     return value
 
 
+def _metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def _errors(kind: str) -> float:
-    return REGISTRY.get_sample_value("nodeagent_plugin_errors_total", {"kind": kind}) or 0.0
+    return _metric("nodeagent_plugin_errors_total", kind=kind)
 
 
 def _info(name: str, plugin_type: str = "ReporterPlugin", **kw: object) -> reg.PluginInfo:
@@ -111,6 +115,9 @@ async def test_plugin_crashing_mid_stream_is_restarted_with_backoff(
     channel = manager.channel("ReporterPlugin")
     reporter = CrashingReporter(crashes=3)
     service = ScriptedRegistration(_info("crashy"))
+    restarts_before = _metric("nodeagent_plugin_stream_restarts_total", type="ReporterPlugin")
+    messages_before = _metric("nodeagent_plugin_messages_total", type="ReporterPlugin")
+    stream_errors_before = _errors("stream")
     async with bridge.serve([service, reporter], os.path.join(registry, "crashy.sock")):
         await wait_until(manager, lambda: reporter.calls >= 4 and "crashy" in channel.value)
         await wait_until(
@@ -123,6 +130,12 @@ async def test_plugin_crashing_mid_stream_is_restarted_with_backoff(
         assert status["stream_state"] == "open"
         assert status["state"] == "registered"
         assert status["messages_received"] == 4
+        # The same story in /metrics.
+        restarts = _metric("nodeagent_plugin_stream_restarts_total", type="ReporterPlugin")
+        assert restarts == restarts_before + 3
+        messages = _metric("nodeagent_plugin_messages_total", type="ReporterPlugin")
+        assert messages == messages_before + 4
+        assert _errors("stream") == stream_errors_before + 3
 
 
 async def test_plugin_process_restarting_on_the_same_path_re_registers(
