@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+from prometheus_client import REGISTRY
 
 from nodeagent.kube import (
     CONFIGMAPS,
@@ -85,7 +86,16 @@ async def test_generate_name_and_paged_list(admin_client: KubeClient, ns: str) -
     assert {json.loads(b)["metadata"]["name"] for b in raw.items} == names
 
 
+def _api_requests(verb: str, code: str) -> float:
+    labels = {"verb": verb, "resource": "configmaps", "code": code}
+    return REGISTRY.get_sample_value("nodeagent_api_requests_total", labels) or 0.0
+
+
 async def test_typed_errors(admin_client: KubeClient, ns: str) -> None:
+    # Every failed write is also counted by verb and status code (the metric half of "a failed
+    # API write is reported"; the typed error carries the server's message to the caller).
+    failures = [("create", "409"), ("update", "409"), ("create", "422"), ("patch", "404")]
+    before = {key: _api_requests(*key) for key in failures}
     first = await admin_client.create(CONFIGMAPS, _cm("dup"), ns, into=ConfigMap)
     with pytest.raises(errors.AlreadyExists) as exists:
         await admin_client.create(CONFIGMAPS, _cm("dup"), ns)
@@ -105,6 +115,10 @@ async def test_typed_errors(admin_client: KubeClient, ns: str) -> None:
 
     with pytest.raises(errors.NotFound):
         await admin_client.patch(CONFIGMAPS, "missing", {"data": {}}, ns)
+    # Not retried (none of these is retryable): exactly one request each.
+    assert {key: _api_requests(*key) - n for key, n in before.items()} == dict.fromkeys(
+        failures, 1.0
+    )
 
 
 async def _ensure_node(admin: KubeClient, name: str) -> None:
