@@ -376,6 +376,82 @@ async def test_large_chunks_parse_in_a_worker_thread(
         assert len(snap.cms) == 100
 
 
+async def test_cancelled_consumer_loses_no_notification(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(max_interval=1.0) as (acc, client):
+        cm = await bootstrap(client)
+        await acc.changed()
+        snap = Snap()
+        acc.update(snap)
+        # Cancelled while nothing is offered: returns at the deadline, nothing is consumed.
+        assert not await notified_within(acc, 5)
+        await cm.feed(event("ADDED", obj("a", 10)))
+        await trio.testing.wait_all_tasks_blocked()
+        # Cancelled while an offer is pending: the offer stays for the next wait.
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await acc.changed()
+        assert scope.cancelled_caught
+        assert await notified_within(acc, 0.001)
+        deltas: list[Delta[Any]] = []
+        assert acc.update(snap, deltas)
+        assert [(d.type, d.key.name) for d in deltas] == [(DeltaType.ADD, "a")]
+
+
+async def test_feed_cancelled_in_a_worker_thread_keeps_the_store_consistent(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(thread_threshold=0) as (acc, client):
+        cm = await bootstrap(client)
+        await acc.changed()
+        snap = Snap()
+        acc.update(snap)
+        data = b"".join(event("ADDED", obj(f"o{i}", 10 + i)) for i in range(50))
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await cm.feed(data)
+        assert scope.cancelled_caught
+        # All or nothing; if applied, it is offered like any other change.
+        await trio.testing.wait_all_tasks_blocked()
+        applied = await notified_within(acc, 2)
+        assert acc.update(snap) is applied
+        assert len(snap.cms) in (0, 50) and (len(snap.cms) == 50) is applied
+        # The watch resumes and delivers the chunk again: the result is the same either way.
+        await cm.feed(data)
+        await acc.changed()
+        acc.update(snap)
+        assert len(snap.cms) == 50
+
+
+async def test_cancellation_mid_list_and_mid_wait_ends_the_accumulator_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = FakeClient()
+    acc = Accumulator(client, [CMS, WIDGETS_Q], AccumulatorSettings())
+    waiter_cancelled = trio.Event()
+
+    async def consumer() -> None:
+        try:
+            await acc.changed()
+        except trio.Cancelled:
+            waiter_cancelled.set()
+            raise
+
+    with trio.fail_after(1):  # virtual time: anything that ignored the cancel would hang here
+        async with trio.open_nursery() as nursery:
+            await nursery.start(acc.run)
+            cm = await client.sink("configmaps")
+            await cm.begin_list()
+            await cm.list_page(page([obj("a", 1)], 1))  # half a list
+            nursery.start_soon(consumer)
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+    assert waiter_cancelled.is_set()
+    assert not acc.bootstrapped
+    assert not acc.update(Snap())
+
+
 async def test_forbidden_counts_as_synced_empty(autojump_clock: trio.testing.MockClock) -> None:
     client = FakeClient()
     client.forbidden.add("widgets")
