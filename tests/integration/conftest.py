@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 
 from nodeagent.kube import KubeClient, load_kubeconfig
-from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.apiserver import ApiServer, apiserver_fixture
 
-
-@pytest.fixture(scope="session")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    """One kube-apiserver + etcd for the whole session (etcd data survives restarts)."""
-    srv = start_apiserver(tmp_path_factory.mktemp("apiserver"))
-    try:
-        yield srv
-    finally:
-        srv.close()
+# One kube-apiserver + etcd for the whole session (etcd data survives restarts).
+apiserver = apiserver_fixture(scope="session")
 
 
 def client_for(apiserver: ApiServer, identity: str, **kwargs: object) -> KubeClient:

@@ -5,21 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Iterator
-
-import pytest
 
 from tests.process.conftest import AgentProcess, StartAgent
-from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.apiserver import ApiServer, apiserver_fixture
 
-
-@pytest.fixture(scope="module")
-def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    srv = start_apiserver(tmp_path_factory.mktemp("apiserver"))
-    try:
-        yield srv
-    finally:
-        srv.close()
+# Its own apiserver: this module stops and restarts it.
+apiserver = apiserver_fixture(scope="module")
 
 
 def wait_readyz(agent: AgentProcess, expect_code: int, text: str, timeout: float = 30) -> str:
