@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -32,3 +33,16 @@ async def node_client(apiserver: ApiServer) -> AsyncIterator[KubeClient]:
     """Authenticated as node-a (client certificate, Node authorizer + NodeRestriction)."""
     async with client_for(apiserver, "node-a") as client:
         yield client
+
+
+def core_event(name: str, ns: str, message: str) -> dict[str, Any]:
+    """A core/v1 Event (a kind without a watch cache: old revisions give 410 after compaction)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name},
+        "involvedObject": {"kind": "ConfigMap", "name": "x", "namespace": ns},
+        "reason": "Test",
+        "message": message,
+        "type": "Normal",
+    }

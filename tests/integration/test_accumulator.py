@@ -36,7 +36,7 @@ from nodeagent.kube import (
 )
 from nodeagent.kube.models import ConfigMap, ObjectMeta
 from nodeagent.kube.watch import FeedResult, WatchSink
-from tests.integration.conftest import client_for
+from tests.integration.conftest import client_for, core_event
 from tests.support.apiserver import ApiServer
 
 pytestmark = pytest.mark.integration
@@ -487,24 +487,12 @@ async def test_multi_kind_gating_with_a_crd(
         assert (g.metadata.name, g.spec) == ("g1", {"size": 3})
 
 
-def _event(name: str, ns: str, message: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": name},
-        "involvedObject": {"kind": "ConfigMap", "name": "x", "namespace": ns},
-        "reason": "Test",
-        "message": message,
-        "type": "Normal",
-    }
-
-
 async def test_relist_after_410_yields_exact_difference(
     apiserver: ApiServer, admin_client: KubeClient, ns: str
 ) -> None:
     # core/v1 Events have no watch cache: a watch from a compacted revision gets 410.
     for name in ("e1", "e2", "e3"):
-        await admin_client.create(CORE_EVENTS, _event(name, ns, "v1"), ns)
+        await admin_client.create(CORE_EVENTS, core_event(name, ns, "v1"), ns)
     config = client_for(apiserver, "admin").config
     async with HoldableStreams(config, watch_timeout=(1, 1), watch_backoff=(0.05, 0.2)) as client:
         client.held, client.release = trio.Event(), trio.Event()
@@ -518,7 +506,7 @@ async def test_relist_after_410_yields_exact_difference(
                 await client.held.wait()  # the watch ended and cannot reconnect
             await admin_client.patch(CORE_EVENTS, "e1", {"message": "v2"}, ns)
             await admin_client.delete(CORE_EVENTS, "e2", ns)
-            await admin_client.create(CORE_EVENTS, _event("e4", ns, "new"), ns)
+            await admin_client.create(CORE_EVENTS, core_event("e4", ns, "new"), ns)
             await trio.to_thread.run_sync(apiserver.compact)
             client.hold = False
             client.release.set()

@@ -16,7 +16,7 @@ from nodeagent.kube import CONFIGMAPS, CORE_EVENTS, NAMESPACES, KubeClient, Obje
 from nodeagent.kube.informer import Event, EventType
 from nodeagent.kube.models import ConfigMap
 from nodeagent.kube.watch import FeedResult
-from tests.integration.conftest import client_for
+from tests.integration.conftest import client_for, core_event
 from tests.support.apiserver import ApiServer
 
 pytestmark = pytest.mark.integration
@@ -147,25 +147,13 @@ async def test_bookmarks_advance_rv_and_reconnect_resumes_without_relist(
     assert sink.events == [("ADDED", "a", sink.events[0][2])]
 
 
-def _event(name: str, ns: str, message: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": name},
-        "involvedObject": {"kind": "ConfigMap", "name": "x", "namespace": ns},
-        "reason": "Test",
-        "message": message,
-        "type": "Normal",
-    }
-
-
 async def test_expired_rv_relists_and_reports_exact_difference(
     apiserver: ApiServer, admin_client: KubeClient
 ) -> None:
     # core/v1 events have no watch cache: a watch from a compacted revision gets 410.
     ns = await _namespace(admin_client)
     for name in ("e1", "e2", "e3"):
-        await admin_client.create(CORE_EVENTS, _event(name, ns, "v1"), ns)
+        await admin_client.create(CORE_EVENTS, core_event(name, ns, "v1"), ns)
     sink = RecordingCache()
     async with (
         GatedClient(
@@ -188,7 +176,7 @@ async def test_expired_rv_relists_and_reports_exact_difference(
         sink.events.clear()
         await admin_client.patch(CORE_EVENTS, "e1", {"message": "v2"}, ns)
         await admin_client.delete(CORE_EVENTS, "e2", ns)
-        await admin_client.create(CORE_EVENTS, _event("e4", ns, "new"), ns)
+        await admin_client.create(CORE_EVENTS, core_event("e4", ns, "new"), ns)
         await trio.to_thread.run_sync(apiserver.compact)
         client.release.set()
         await sink.wait_for(lambda: len(sink.lists_ended) == 2)
