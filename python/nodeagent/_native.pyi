@@ -101,9 +101,7 @@ def prepare_desired(specs: list[bytes]) -> list[PreparedDesired]:
 def prepare_observed(objects: list[bytes]) -> list[PreparedObserved]:
     """Releases the GIL; ValueError naming the first invalid object."""
 
-def plan_prepared(
-    desired: list[PreparedDesired], observed: list[PreparedObserved]
-) -> PoolPlan:
+def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserved]) -> PoolPlan:
     """`plan_pool` on prepared slices: only matching and the plan, O(n), GIL released."""
 
 # --- end of ResourceSlice planner ---------------------------------------------------------------
