@@ -40,10 +40,11 @@ class NotifyListener:
         return True
 
     def wait_for(
-        self, key: str, value: str = "1", timeout: float = START_TIMEOUT
+        self, key: str, value: str = "1", timeout: float = START_TIMEOUT, *, new: bool = False
     ) -> dict[str, str]:
-        """The first message (already seen or new) with key=value; fails after `timeout`."""
-        for _, fields in self.messages:
+        """The first message (already seen, unless `new`, or new) with key=value; fails after
+        `timeout`."""
+        for _, fields in [] if new else self.messages:
             if fields.get(key) == value:
                 return fields
         deadline = time.monotonic() + timeout
@@ -51,6 +52,13 @@ class NotifyListener:
             if self._receive(left) and self.messages[-1][1].get(key) == value:
                 return self.messages[-1][1]
         raise AssertionError(f"no {key}={value} within {timeout}s; got {self.messages}")
+
+    def drain(self) -> list[tuple[float, dict[str, str]]]:
+        """Everything already queued on the socket (sent before now), without waiting."""
+        start = len(self.messages)
+        while self._receive(0.001):
+            pass
+        return self.messages[start:]
 
     def collect(self, seconds: float) -> list[tuple[float, dict[str, str]]]:
         """Everything received during the next `seconds`."""

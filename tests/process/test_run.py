@@ -99,12 +99,18 @@ def test_watchdog_stops_while_the_loop_is_blocked(start_agent: StartAgent, tmp_p
     assert sum("WATCHDOG" in f for _, f in healthy) >= 3
 
     block.touch()
-    agent.notify.collect(0.5)  # the tick in flight may still ping once
-    blocked = agent.notify.collect(1.5)
+    marker = tmp_path / "block-loop.blocked"  # the agent's sign that its loop is now stuck
+    deadline = time.monotonic() + 10
+    while not marker.exists():  # a real process: poll, bounded
+        assert time.monotonic() < deadline, "the loop never blocked"
+        time.sleep(0.02)
+    agent.notify.drain()  # pings sent before the loop blocked
+    blocked = agent.notify.collect(1.5)  # 7 watchdog periods
     assert [f for _, f in blocked if "WATCHDOG" in f] == []
 
     block.unlink()
-    agent.notify.wait_for("WATCHDOG", timeout=5)
+    agent.notify.wait_for("WATCHDOG", timeout=5, new=True)  # the pings come back
+    assert not marker.exists()
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=10) == 0
     assert "debug hook: blocking the main loop" in agent.stderr_text

@@ -2,7 +2,8 @@
 
 They let the process tests reproduce situations that are otherwise timing-dependent:
 - `NODEAGENT_DEBUG_BLOCK_LOOP_FILE=PATH`: while PATH exists, the heartbeat tick blocks the whole
-  Trio loop (a stuck main loop), so the systemd watchdog ping must stop.
+  Trio loop (a stuck main loop), so the systemd watchdog ping must stop. `PATH.blocked` exists
+  while the loop is blocked.
 - `NODEAGENT_DEBUG_HANG_SHUTDOWN=1`: a shutdown hook that never returns, so a second signal and
   the shutdown deadline can be observed.
 """
@@ -24,6 +25,11 @@ HANG_SHUTDOWN_ENV = "NODEAGENT_DEBUG_HANG_SHUTDOWN"
 
 def block_loop_file(env: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if env is None else env).get(BLOCK_LOOP_ENV) or None
+
+
+def blocked_marker(block_file: str) -> str:
+    """The file that exists while the block-loop hook holds the loop."""
+    return block_file + ".blocked"
 
 
 def hang_shutdown(env: Mapping[str, str] | None = None) -> bool:

@@ -81,5 +81,10 @@ class Heartbeat:
         # TEST-ONLY hook (see service/debug.py): simulate a stuck loop.
         if self.block_file is not None and os.path.exists(self.block_file):
             log.warning("debug hook: blocking the main loop", file=self.block_file)
+            # Tells a test the loop is now blocked: every ping before it has been sent.
+            blocked = debug.blocked_marker(self.block_file)
+            with open(blocked, "w"):
+                pass
             while os.path.exists(self.block_file):
                 time.sleep(0.05)  # deliberately blocking: this simulates a stuck loop
+            os.unlink(blocked)
