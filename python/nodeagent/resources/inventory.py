@@ -1,0 +1,96 @@
+"""The plugins' inventories as the publisher sees them: per driver, the last valid inventory
+and whether (and since when) its plugin is gone.
+
+Every plugin message replaces that plugin's whole inventory. An invalid one is reported (log +
+metric) and the last valid inventory stays in force.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from google.protobuf.message import Message
+
+from nodeagent.log import get_logger
+from nodeagent.protos.dra.v1alpha3 import api_pb2
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from nodeagent.resources import metrics
+from nodeagent.resources.convert import from_native, from_seed
+from nodeagent.resources.model import InvalidInventory, Inventory, validate_inventory
+
+log = get_logger(__name__)
+
+__all__ = ["DriverState", "InventoryTracker"]
+
+
+@dataclass
+class DriverState:
+    inventory: Inventory | None = None
+    registered: bool = False
+    # When the plugin was last seen going away (None while registered).
+    gone_since: float | None = None
+    message: Message | None = field(default=None, repr=False)
+    last_error: str = ""
+
+
+class InventoryTracker:
+    """Feeds on the plugin manager's snapshots (name -> PluginData); `update` returns the
+    drivers whose published state may have changed."""
+
+    def __init__(self, node_name: str) -> None:
+        self.node_name = node_name
+        self.drivers: dict[str, DriverState] = {}
+
+    def update(self, plugins: Mapping[str, Any], now: float) -> set[str]:
+        changed: set[str] = set()
+        for name, data in plugins.items():
+            state = self.drivers.setdefault(name, DriverState())
+            if data.registered != state.registered:
+                state.registered = data.registered
+                state.gone_since = None if data.registered else now
+                changed.add(name)
+            if data.message is not state.message:
+                state.message = data.message
+                if self._accept(name, state, data.message):
+                    changed.add(name)
+        for name, state in self.drivers.items():
+            if name not in plugins and state.registered:
+                state.registered = False
+                state.gone_since = now
+                changed.add(name)
+        return changed
+
+    def _accept(self, driver: str, state: DriverState, message: Message) -> bool:
+        try:
+            if isinstance(message, device_pb2.Inventory):
+                inventory = from_native(driver, message)
+            elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
+                inventory, rejected = from_seed(driver, self.node_name, message)
+                for r in rejected:
+                    metrics.ATTRIBUTES_REJECTED.labels(driver).inc()
+                    log.warning(
+                        "plugin attribute not published",
+                        driver=driver,
+                        device=r.device,
+                        attribute=r.attribute,
+                        rule=r.rule,
+                    )
+            else:
+                raise InvalidInventory(
+                    driver, [f"unsupported message type {type(message).__name__}"]
+                )
+            validate_inventory(inventory)
+        except InvalidInventory as exc:
+            metrics.INVENTORIES_REJECTED.labels(driver).inc()
+            state.last_error = str(exc)
+            log.error(
+                "plugin inventory rejected; the last valid inventory stays published",
+                driver=driver,
+                errors=exc.errors,
+            )
+            return False
+        state.inventory = inventory
+        state.last_error = ""
+        return True

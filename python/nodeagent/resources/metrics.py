@@ -1,0 +1,51 @@
+"""Prometheus metrics of the ResourceSlice publisher."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+SYNCS = Counter(
+    "nodeagent_resourceslice_syncs_total",
+    "Pool syncs by result (unchanged: no write needed, written, failed, deferred: waiting for a "
+    "grace period or the observed state).",
+    ["result"],
+)
+SYNC_SECONDS = Histogram(
+    "nodeagent_resourceslice_sync_seconds",
+    "Duration of one pool sync (plan and writes).",
+)
+PLAN_SECONDS = Histogram(
+    "nodeagent_resourceslice_plan_seconds",
+    "Duration of the Rust plan of one pool.",
+    buckets=(0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0),
+)
+WRITES = Counter(
+    "nodeagent_resourceslice_writes_total",
+    "ResourceSlice API writes by verb (create, update, delete) and result (ok, conflict, "
+    "not_found, error).",
+    ["verb", "result"],
+)
+INVENTORIES_REJECTED = Counter(
+    "nodeagent_resourceslice_inventories_rejected_total",
+    "Plugin inventories rejected as invalid (the last valid one stays published).",
+    ["driver"],
+)
+ATTRIBUTES_REJECTED = Counter(
+    "nodeagent_resourceslice_attributes_rejected_total",
+    "Seed-API attributes dropped because resource.k8s.io/v1 cannot express them (int and "
+    "string slices).",
+    ["driver"],
+)
+DROPPED_FIELDS = Counter(
+    "nodeagent_resourceslice_dropped_fields_total",
+    "Writes whose stored spec differs from the one sent (fields behind disabled feature gates).",
+    ["driver"],
+)
+QUEUE_DEPTH = Gauge(
+    "nodeagent_resourceslice_queue_depth",
+    "Pools waiting for a sync (including those backing off after a failure).",
+)
+DESIRED_SLICES = Gauge(
+    "nodeagent_resourceslice_desired_slices",
+    "ResourceSlices the agent wants published, over all drivers and pools.",
+)

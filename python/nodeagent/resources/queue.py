@@ -1,0 +1,89 @@
+"""A work queue keyed by pool: deduplicated, with per-key exponential backoff after failures.
+
+Keys, not work items, are queued: a sync reads the newest desired and observed state when it
+runs, so any number of changes to a pool while it waits (a flapping plugin's storm) coalesce
+into one sync, and the latest inventory wins.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Hashable
+from typing import Generic, TypeVar
+
+import trio
+
+K = TypeVar("K", bound=Hashable)
+
+__all__ = ["WorkQueue"]
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, backoff_initial: float, backoff_max: float) -> None:
+        self._initial = backoff_initial
+        self._max = backoff_max
+        self._ready_at: dict[K, float] = {}  # queued keys and when they may run
+        self._heap: list[tuple[float, int, K]] = []
+        self._seq = 0
+        self._failures: dict[K, int] = {}
+        self._processing: set[K] = set()
+        self._again: set[K] = set()  # added while processing: run once more after done()
+        self._wakeup = trio.Event()
+
+    def __len__(self) -> int:
+        return len(self._ready_at) + len(self._again)
+
+    def add(self, key: K, delay: float = 0.0) -> None:
+        """Queue `key` to run after `delay` (sooner if it is already queued sooner)."""
+        if key in self._processing:
+            self._again.add(key)
+            return
+        at = trio.current_time() + delay
+        if self._ready_at.get(key, math.inf) <= at:
+            return
+        self._ready_at[key] = at
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, key))
+        self._wakeup.set()
+
+    def failures(self, key: K) -> int:
+        return self._failures.get(key, 0)
+
+    async def get(self) -> K:
+        """The next key whose time has come; mark it processing until `done`."""
+        while True:
+            while self._heap:
+                at, _, key = self._heap[0]
+                if self._ready_at.get(key) != at:
+                    heapq.heappop(self._heap)  # superseded by an earlier add
+                    continue
+                now = trio.current_time()
+                if at > now:
+                    break
+                heapq.heappop(self._heap)
+                del self._ready_at[key]
+                self._processing.add(key)
+                return key
+            self._wakeup = trio.Event()
+            deadline = self._heap[0][0] if self._heap else math.inf
+            with trio.move_on_at(deadline):
+                await self._wakeup.wait()
+
+    def done(self, key: K, *, failed: bool = False) -> float | None:
+        """The key's sync finished. A failure requeues it after its next backoff delay
+        (doubling per consecutive failure; returned); a success resets the backoff. A key added
+        while it was processing runs again right away."""
+        self._processing.discard(key)
+        delay = None
+        if failed:
+            n = self._failures.get(key, 0)
+            self._failures[key] = n + 1
+            delay = min(self._max, self._initial * 2**n)
+            self.add(key, delay)
+        else:
+            self._failures.pop(key, None)
+        if key in self._again:
+            self._again.discard(key)
+            self.add(key)
+        return delay

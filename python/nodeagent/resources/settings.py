@@ -1,0 +1,43 @@
+"""Configuration of the ResourceSlice publisher (the ``[resources]`` table of the agent's TOML)."""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from nodeagent.config.errors import ConfigError
+
+__all__ = ["ResourcesSettings"]
+
+
+class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # Seconds a disconnected plugin's slices stay published before they are deleted (the
+    # kubelet wipes after 30 s as well), so a plugin restart does not churn the pool.
+    disconnect_grace: float = 30.0
+    # Seconds after start-up before slices of plugins that have not re-registered are deleted;
+    # nothing is deleted up front, so a restart with unchanged plugins makes no writes.
+    startup_grace: float = 30.0
+    # Per-pool retry backoff after a failed sync: initial delay doubling up to the cap
+    # (upstream workqueue: 5 ms .. 1000 s).
+    retry_backoff_initial: float = 0.005
+    retry_backoff_max: float = 1000.0
+    # Seconds between resyncs of every pool; 0 disables them (upstream removed its resync).
+    resync_interval: float = 0.0
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field that breaks a rule."""
+        for name in ("disconnect_grace", "startup_grace", "resync_interval"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")
+        for name in ("retry_backoff_initial", "retry_backoff_max"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"resources.{name}", value, "must be a finite number > 0")
+        if self.retry_backoff_max < self.retry_backoff_initial:
+            raise ConfigError(
+                "resources.retry_backoff_max",
+                self.retry_backoff_max,
+                "must be >= resources.retry_backoff_initial",
+            )
