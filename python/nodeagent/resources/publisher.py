@@ -150,6 +150,7 @@ class Publisher:
         self._node_uid = ""
         self._snapshot = _Snapshot()
         self._synced_once = False
+        self._synced = trio.Event()
         # Observed slices we manage, grouped by pool; prepared once per (name, resourceVersion).
         self._observed: dict[PoolKey, dict[str, _native.PreparedObserved]] = {}
         self._prepared: dict[tuple[str, str], tuple[PoolKey | None, _native.PreparedObserved]] = {}
@@ -184,7 +185,18 @@ class Publisher:
         return out
 
     def pending(self) -> int:
+        """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
         return len(self._queue)
+
+    @property
+    def synced(self) -> bool:
+        """The observed state has been read completely at least once."""
+        return self._synced_once
+
+    async def wait_idle(self) -> None:
+        """Until the observed state has been read and no pool is queued, waiting or syncing."""
+        await self._synced.wait()
+        await self._queue.wait_idle()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._started = trio.current_time()
@@ -244,6 +256,7 @@ class Publisher:
                 self._queue.add(key)
             if not self._synced_once:
                 self._synced_once = True
+                self._synced.set()
                 for key in set(self._desired) | set(self._observed):
                     self._queue.add(key)
             metrics.QUEUE_DEPTH.set(len(self._queue))

@@ -30,6 +30,8 @@ class WorkQueue(Generic[K]):
         self._processing: set[K] = set()
         self._again: set[K] = set()  # added while processing: run once more after done()
         self._wakeup = trio.Event()
+        self._idle = trio.Event()
+        self._idle.set()
 
     def __len__(self) -> int:
         return len(self._ready_at) + len(self._again)
@@ -39,6 +41,8 @@ class WorkQueue(Generic[K]):
         if key in self._processing:
             self._again.add(key)
             return
+        if self._idle.is_set():
+            self._idle = trio.Event()
         at = trio.current_time() + delay
         if self._ready_at.get(key, math.inf) <= at:
             return
@@ -86,4 +90,11 @@ class WorkQueue(Generic[K]):
         if key in self._again:
             self._again.discard(key)
             self.add(key)
+        if not (self._ready_at or self._processing):
+            self._idle.set()
         return delay
+
+    async def wait_idle(self) -> None:
+        """Until nothing is queued (waiting or due) and nothing is processing."""
+        while not self._idle.is_set():
+            await self._idle.wait()

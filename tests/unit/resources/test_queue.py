@@ -46,3 +46,24 @@ async def test_a_key_added_while_processing_runs_again_after_done(autojump_clock
     t0 = trio.current_time()
     assert await q.get() == "k"
     assert trio.current_time() == t0
+
+
+async def test_wait_idle_returns_once_nothing_is_queued_or_processing(
+    autojump_clock: Any,
+) -> None:
+    q: WorkQueue[str] = WorkQueue(1.0, 4.0)
+    await q.wait_idle()  # idle from the start
+    q.add("k", 3.0)
+    idle = trio.Event()
+
+    async def waiter() -> None:
+        await q.wait_idle()
+        idle.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        key = await q.get()
+        assert not idle.is_set()
+        q.done(key)
+        await idle.wait()
+    assert trio.current_time() == 3.0
