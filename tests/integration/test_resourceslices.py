@@ -261,3 +261,28 @@ async def test_node_credentials_are_limited_to_their_own_node(
             await node_a.create(RESOURCESLICES, body)
         with pytest.raises(errors.Forbidden):
             await node_a.request("GET", RESOURCESLICES.path(None))  # no node field selector
+
+
+async def test_fields_the_server_drops_cause_no_update_loop(
+    apiserver: ApiServer, admin: KubeClient
+) -> None:
+    """Device taints are behind a feature gate (off by default in 1.35): the server silently
+    drops them. The publisher plans against what was stored instead of rewriting forever."""
+    inv = inventory(2)
+    inv.pools[0].devices[0].taints.append(
+        device_pb2.DeviceTaint(key="example.com/unhealthy", effect="NoSchedule")
+    )
+    plugins = Plugins()
+    plugins.send(inv)
+    async with publisher(apiserver, plugins) as pub:
+
+        async def one() -> bool:
+            return len(await node_slices(admin)) == 1
+
+        await until(one, "published")
+        await quiet(pub)
+        # The watch echo of the create arrives after our own read-your-writes copy; give it
+        # time to come back and be planned against.
+        await trio.sleep(1.0)
+        await quiet(pub)
+        assert pub.writes == 1

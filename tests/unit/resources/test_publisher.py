@@ -322,3 +322,40 @@ def test_invalid_settings_name_the_field(field: str, value: float) -> None:
 def test_client_and_slices_go_together() -> None:
     with pytest.raises(ValueError, match="go together"):
         Publisher(node_name="n", inventories=Plugins().latest, client=FakeCluster())
+
+
+async def test_seed_plugins_publish_with_slices_dropped_per_attribute(autojump_clock: Any) -> None:
+    from nodeagent.protos.dra.v1alpha3 import api_pb2
+    from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
+
+    def attr(name: str, **value: Any) -> v1alpha2.NamedResourcesAttribute:
+        return v1alpha2.NamedResourcesAttribute(
+            name=name, attributeValue=v1alpha2.NamedResourcesAttributeValue(**value)
+        )
+
+    msg = api_pb2.NodeListAndWatchResourcesResponse(
+        resources=[
+            v1alpha2.ResourceModel(
+                namedResources=v1alpha2.NamedResourcesResources(
+                    instances=[
+                        v1alpha2.NamedResourcesInstance(
+                            name="gpu-0",
+                            attributes=[
+                                attr("index", int=0),
+                                attr("numa", intSlice=v1alpha2.NamedResourcesIntSlice(ints=[0])),
+                            ],
+                        )
+                    ]
+                )
+            )
+        ]
+    )
+    cluster, plugins = FakeCluster(), Plugins()
+    before = metrics.ATTRIBUTES_REJECTED.labels("seed.example.com")._value.get()
+    async with running(cluster, plugins):
+        plugins.send(msg, name="seed.example.com")
+        await settle()
+        (obj,) = slices(cluster)
+        assert obj["spec"]["pool"]["name"] == "node-a"  # the seed's one pool: the node
+        assert obj["spec"]["devices"] == [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}]
+        assert metrics.ATTRIBUTES_REJECTED.labels("seed.example.com")._value.get() == before + 1
