@@ -797,3 +797,65 @@ pub fn observed(bytes: &[u8]) -> Result<Parsed> {
     p.resource_version = rv;
     Ok(p)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> String {
+        String::from_utf8(spec(s.as_bytes()).unwrap().key).unwrap()
+    }
+
+    #[test]
+    fn canonical_bytes() {
+        assert_eq!(
+            key(r#"{"z": 1, "a": {"y": [], "x": null}, "pool": {"name": "p"}, "allNodes": false}"#),
+            r#"{"a":{},"z":1}"#
+        );
+        assert_eq!(key(r#"{"a": "\u0041\n"}"#), r#"{"a":"A\u000a"}"#);
+        assert_eq!(key(r#"{"a": 1, "a": 2}"#), r#"{"a":2}"#);
+        assert_eq!(
+            key(
+                r#"{"devices": [{"name": "d", "capacity": {"m": {}, "n": null, "o": {"value": "1Ki"}}}]}"#
+            ),
+            r#"{"devices":[{"capacity":{"m":{"value":"0"},"n":{"value":"0"},"o":{"value":"1024"}},"name":"d"}]}"#
+        );
+    }
+
+    #[test]
+    fn observed_metadata_pool_and_names() {
+        let p = observed(
+            br#"{"metadata": {"name": "s", "uid": "u", "resourceVersion": "7"},
+                 "spec": {"pool": {"name": "p", "generation": 3, "resourceSliceCount": 2},
+                          "devices": [{"name": "b"}, {"name": "a", "taints": [{"key": "k"}]}, 5]}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (p.name.as_str(), p.uid.as_str(), p.resource_version.as_str()),
+            ("s", "u", "7")
+        );
+        assert_eq!(
+            p.pool,
+            PoolInfo {
+                name: Some("p".into()),
+                generation: Some(3),
+                count: Some(2)
+            }
+        );
+        assert_eq!(p.device_names, ["b", "a", ""]);
+        assert_eq!(p.times, [None]);
+    }
+
+    #[test]
+    fn rejects_invalid_json() {
+        for bad in [
+            &b"{"[..],
+            b"{\"a\":}",
+            b"{\"a\":1}x",
+            b"{\"a\":\"\\ud800\"}",
+            b"{\"a\":\xff}",
+        ] {
+            assert!(spec(bad).is_err());
+        }
+    }
+}

@@ -201,3 +201,52 @@ pub fn plan<D: Borrow<Desired>, O: Borrow<Observed>>(desired: &[D], observed: &[
     out.deletes = deletes;
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn desired(devs: &str) -> Desired {
+        parse_desired(
+            0,
+            format!(r#"{{"pool":{{"name":"p"}},"devices":[{devs}]}}"#).as_bytes(),
+        )
+        .unwrap()
+    }
+
+    fn observed(name: &str, gen: i64, count: i64, devs: &str) -> Observed {
+        let raw = format!(
+            r#"{{"metadata":{{"name":"{name}","uid":"u-{name}","resourceVersion":"1"}},
+                "spec":{{"pool":{{"name":"p","generation":{gen},"resourceSliceCount":{count}}},
+                "devices":[{devs}]}}}}"#
+        );
+        parse_observed(0, raw.as_bytes()).unwrap()
+    }
+
+    #[test]
+    fn unchanged_pool_makes_no_writes() {
+        let d = [desired(r#"{"name":"a"}"#), desired(r#"{"name":"b"}"#)];
+        let o = [
+            observed("y", 2, 2, r#"{"name":"b"}"#),
+            observed("x", 2, 2, r#"{"name":"a"}"#),
+        ];
+        let p = plan(&d, &o);
+        assert_eq!(p.generation, 2);
+        assert_eq!(p.unchanged, [0, 1]);
+        assert!(p.updates.is_empty() && p.creates.is_empty() && p.deletes.is_empty());
+    }
+
+    #[test]
+    fn new_slice_bumps_and_obsolete_generation_is_deleted() {
+        let d = [desired(r#"{"name":"a"}"#), desired(r#"{"name":"b"}"#)];
+        let o = [
+            observed("old", 1, 1, r#"{"name":"z"}"#),
+            observed("x", 2, 1, r#"{"name":"a"}"#),
+        ];
+        let p = plan(&d, &o);
+        assert_eq!(p.generation, 3);
+        assert_eq!(p.updates, [(1, 0)]);
+        assert_eq!(p.creates, [1]);
+        assert_eq!(p.deletes, [0]);
+    }
+}
