@@ -2,6 +2,11 @@
 
 use pyo3::prelude::*;
 
+/// The watch store allocates and frees an object buffer (~1 KB) per event; mimalloc's
+/// thread-local free lists make that markedly cheaper than the system allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub mod planner;
 pub mod store;
 
