@@ -8,11 +8,12 @@ import tempfile
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import msgspec
 import pytest
 import trio
 
 from nodeagent.accumulator import Accumulator, Query
-from nodeagent.kube import KubeClient
+from nodeagent.kube import CORE_EVENTS, KubeClient
 from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, slices_query_args
@@ -94,6 +95,21 @@ async def test_seed_plugin_to_resourceslices(
                 "capacity": {"memory": {"value": "1Gi"}},
             }
             assert metrics.ATTRIBUTES_REJECTED.labels(DRIVER)._value.get() == rejected + 3
+
+            async def events() -> list[Any] | None:
+                body = await admin.request(
+                    "GET",
+                    CORE_EVENTS.path("default"),
+                    params={
+                        "fieldSelector": "involvedObject.name=node-a,"
+                        "reason=ResourceAttributeNotPublished"
+                    },
+                )
+                items: list[Any] = msgspec.json.decode(body)["items"]
+                return [e for e in items if DRIVER in e["message"]] or None
+
+            found = await until(events, "a Warning event per dropped attribute")
+            assert all(e["type"] == "Warning" for e in found)
 
             await plugin.publish(devices("2Gi"))
 

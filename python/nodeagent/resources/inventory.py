@@ -7,7 +7,7 @@ metric) and the last valid inventory stays in force.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,9 +39,11 @@ class InventoryTracker:
     """Feeds on the plugin manager's snapshots (name -> PluginData); `update` returns the
     drivers whose published state may have changed."""
 
-    def __init__(self, node_name: str) -> None:
+    def __init__(self, node_name: str, report: Callable[[str, str], None] | None = None) -> None:
         self.node_name = node_name
         self.drivers: dict[str, DriverState] = {}
+        # (reason, message) of problems a plugin author must see (Events on the Node).
+        self._report = report or (lambda reason, message: None)
 
     def update(self, plugins: Mapping[str, Any], now: float) -> set[str]:
         changed: set[str] = set()
@@ -70,6 +72,7 @@ class InventoryTracker:
                 inventory, rejected = from_seed(driver, self.node_name, message)
                 for r in rejected:
                     metrics.ATTRIBUTES_REJECTED.labels(driver).inc()
+                    self._report("ResourceAttributeNotPublished", f"plugin {driver!r}: {r}")
                     log.warning(
                         "plugin attribute not published",
                         driver=driver,
@@ -85,6 +88,7 @@ class InventoryTracker:
         except InvalidInventory as exc:
             metrics.INVENTORIES_REJECTED.labels(driver).inc()
             state.last_error = str(exc)
+            self._report("ResourceInventoryRejected", str(exc))
             log.error(
                 "plugin inventory rejected; the last valid inventory stays published",
                 driver=driver,

@@ -49,3 +49,8 @@ DESIRED_SLICES = Gauge(
     "nodeagent_resourceslice_desired_slices",
     "ResourceSlices the agent wants published, over all drivers and pools.",
 )
+EVENTS = Counter(
+    "nodeagent_resourceslice_events_total",
+    "Warning Events about plugin inventories by result (sent, failed, dropped: backlog full).",
+    ["result"],
+)

@@ -32,6 +32,7 @@ from nodeagent.kube.models import Node
 from nodeagent.log import get_logger
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources import metrics
+from nodeagent.resources.events import NodeEvents
 from nodeagent.resources.inventory import DriverState, InventoryTracker
 from nodeagent.resources.model import API_VERSION, KIND, desired_slices
 from nodeagent.resources.queue import WorkQueue
@@ -142,7 +143,10 @@ class Publisher:
         self._inventories = inventories
         self._client = client
         self._slices = slices
-        self._tracker = InventoryTracker(node_name)
+        self._events = NodeEvents(client, node_name) if client is not None else None
+        self._tracker = InventoryTracker(
+            node_name, self._events.warn if self._events is not None else None
+        )
         self._queue: WorkQueue[PoolKey] = WorkQueue(
             self.settings.retry_backoff_initial, self.settings.retry_backoff_max
         )
@@ -202,6 +206,8 @@ class Publisher:
         self._started = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_inventories)
+            if self._events is not None:
+                nursery.start_soon(self._events.run)
             if self._slices is not None:
                 nursery.start_soon(self._watch_slices)
                 nursery.start_soon(self._worker)

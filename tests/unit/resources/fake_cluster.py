@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import trio
 
+from nodeagent.kube import CORE_EVENTS
 from nodeagent.kube.errors import ApiError, Conflict, NotFound
 from nodeagent.kube.models import Node, ObjectMeta
 
@@ -23,6 +24,7 @@ class FakeCluster:
         self.bootstrapped = True
         self.calls: list[tuple[str, str]] = []  # (verb, name)
         self.faults: list[ApiError] = []  # raised by the next writes, in order
+        self.events: list[dict[str, Any]] = []  # core/v1 Events created, with their namespace
         self._rv = itertools.count(100)
         self._names = itertools.count(1)
         self._version = 0
@@ -72,6 +74,9 @@ class FakeCluster:
 
     async def create(self, resource: Any, obj: Any, namespace: str | None = None) -> bytes:
         obj = copy.deepcopy(obj)
+        if resource is CORE_EVENTS:
+            self.events.append({"namespace": namespace, **obj})
+            return msgspec.json.encode(obj)
         self.calls.append(("create", obj["metadata"].get("generateName", "")))
         self._fault()
         meta = obj["metadata"]

@@ -203,6 +203,14 @@ async def test_invalid_inventory_keeps_the_last_valid_one(autojump_clock: Any) -
         plugins.send(bad)
         await settle()
         assert metrics.INVENTORIES_REJECTED.labels(DRIVER)._value.get() == before + 1
+        # The same bad inventory again: counted, but one Event (deduplicated).
+        bad2 = inventory(3)
+        bad2.pools[0].devices[1].name = "Not_A_Label"
+        plugins.send(bad2)
+        await settle()
+        assert metrics.INVENTORIES_REJECTED.labels(DRIVER)._value.get() == before + 2
+        assert [e["reason"] for e in cluster.events] == ["ResourceInventoryRejected"]
+        assert "device 'Not_A_Label': name must be a DNS label" in cluster.events[0]["message"]
         assert len(cluster.writes()) == 1
         (obj,) = slices(cluster)
         assert [d["name"] for d in obj["spec"]["devices"]] == ["gpu-0", "gpu-1", "gpu-2"]
@@ -359,3 +367,8 @@ async def test_seed_plugins_publish_with_slices_dropped_per_attribute(autojump_c
         assert obj["spec"]["pool"]["name"] == "node-a"  # the seed's one pool: the node
         assert obj["spec"]["devices"] == [{"name": "gpu-0", "attributes": {"index": {"int": 0}}}]
         assert metrics.ATTRIBUTES_REJECTED.labels("seed.example.com")._value.get() == before + 1
+        (event,) = cluster.events
+        assert event["namespace"] == "default" and event["type"] == "Warning"
+        assert event["reason"] == "ResourceAttributeNotPublished"
+        assert event["involvedObject"] == {"kind": "Node", "name": "node-a", "uid": "node-a"}
+        assert "'gpu-0': attribute 'numa': int slices" in event["message"]
