@@ -22,12 +22,10 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # (upstream workqueue: 5 ms .. 1000 s).
     retry_backoff_initial: float = 0.005
     retry_backoff_max: float = 1000.0
-    # Seconds between resyncs of every pool; 0 disables them (upstream removed its resync).
-    resync_interval: float = 0.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
-        for name in ("disconnect_grace", "startup_grace", "resync_interval"):
+        for name in ("disconnect_grace", "startup_grace"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")
