@@ -159,6 +159,7 @@ class Publisher:
         self._observed: dict[PoolKey, dict[str, _native.PreparedObserved]] = {}
         self._prepared: dict[tuple[str, str], tuple[PoolKey | None, _native.PreparedObserved]] = {}
         self._desired: dict[PoolKey, _Desired] = {}
+        self._unreadable: set[tuple[str, str]] = set()  # (name, resourceVersion), logged once
         # Desired spec bytes -> the spec the server stored for it, when they differ (fields
         # behind disabled feature gates are dropped): planning against what the server keeps
         # stops an endless update loop.
@@ -279,6 +280,8 @@ class Publisher:
                 log.warning("observed ResourceSlice not understood", error=str(exc))
                 continue
             ident = (head.metadata.name, head.metadata.resourceVersion)
+            if ident in self._unreadable:
+                continue
             known = self._prepared.get(ident)
             if known is not None:
                 seen[ident] = known
@@ -289,10 +292,19 @@ class Publisher:
         if missing:
             try:
                 prepared = _native.prepare_observed([m[2] for m in missing])
-            except ValueError as exc:
-                log.error("observed ResourceSlices not understood", error=str(exc))
-                prepared = []
-            for (ident, key, _), p in zip(missing, prepared, strict=False):
+                pairs = list(zip(missing, prepared, strict=True))
+            except ValueError:
+                # One bad object must not hide the good ones (we would publish duplicates).
+                pairs = []
+                for m in missing:
+                    try:
+                        pairs.append((m, _native.prepare_observed([m[2]])[0]))
+                    except ValueError as exc:
+                        self._unreadable.add(m[0])
+                        log.error(
+                            "observed ResourceSlice not understood", name=m[0][0], error=str(exc)
+                        )
+            for (ident, key, _), p in pairs:
                 seen[ident] = (key, p)
         self._prepared = seen
         groups: dict[PoolKey, dict[str, _native.PreparedObserved]] = {}

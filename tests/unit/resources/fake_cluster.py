@@ -25,6 +25,7 @@ class FakeCluster:
         self.calls: list[tuple[str, str]] = []  # (verb, name)
         self.faults: list[ApiError] = []  # raised by the next writes, in order
         self.events: list[dict[str, Any]] = []  # core/v1 Events created, with their namespace
+        self.raw: dict[str, bytes] = {}  # objects shown verbatim in snapshots
         self._rv = itertools.count(100)
         self._names = itertools.count(1)
         self._version = 0
@@ -47,6 +48,10 @@ class FakeCluster:
         self.objects[meta["name"]] = obj
         self._bump()
         return obj
+
+    def put_raw(self, name: str, raw: bytes) -> None:
+        self.raw[name] = raw
+        self._bump()
 
     def writes(self) -> list[tuple[str, str]]:
         return [c for c in self.calls if c[0] != "get"]
@@ -147,7 +152,6 @@ class FakeSource:
         if not c.bootstrapped or self._taken == c._version:
             return False
         self._taken = c._version
-        target.resourceslices = {  # type: ignore[attr-defined]
-            n: msgspec.json.encode(o) for n, o in sorted(c.objects.items())
-        }
+        shown = {n: msgspec.json.encode(o) for n, o in c.objects.items()} | c.raw
+        target.resourceslices = dict(sorted(shown.items()))  # type: ignore[attr-defined]
         return True

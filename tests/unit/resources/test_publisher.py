@@ -372,3 +372,21 @@ async def test_seed_plugins_publish_with_slices_dropped_per_attribute(autojump_c
         assert event["reason"] == "ResourceAttributeNotPublished"
         assert event["involvedObject"] == {"kind": "Node", "name": "node-a", "uid": "node-a"}
         assert "'gpu-0': attribute 'numa': int slices" in event["message"]
+
+
+async def test_an_unparsable_observed_slice_hides_nothing_else(autojump_clock: Any) -> None:
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins):
+        plugins.send(inventory(3))
+        await settle()
+        # Ours by its label, but nested deeper than the planner accepts.
+        deep = b'{"x":' * 200 + b"1" + b"}" * 200
+        cluster.put_raw(
+            "zz-bad",
+            b'{"metadata":{"name":"zz-bad","resourceVersion":"1","labels":'
+            b'{"app.kubernetes.io/managed-by":"nodeagent"}},"spec":{"driver":"gpu.example.com",'
+            b'"pool":{"name":"node-a"},"devices":[{"name":"d","attributes":' + deep + b"}]}}",
+        )
+        plugins.send(inventory(3, memory="1Gi"))
+        await settle()
+        assert [c[0] for c in cluster.writes()] == ["create", "update"]
