@@ -21,6 +21,9 @@ impl<'a> Scanner<'a> {
     /// A scanner over a whole document, which must be UTF-8 (RFC 8259): checked once here,
     /// so strings skipped later need no check of their own.
     pub fn new(buf: &'a [u8]) -> Result<Self> {
+        if is_ascii(buf) {
+            return Ok(Scanner { buf, pos: 0 });
+        }
         if let Err(e) = std::str::from_utf8(buf) {
             return Err(format!("invalid UTF-8 at byte {}", e.valid_up_to()));
         }
@@ -32,6 +35,8 @@ impl<'a> Scanner<'a> {
         Scanner { buf, pos }
     }
 
+    #[cold]
+    #[inline(never)]
     fn err<T>(&self, what: &str) -> Result<T> {
         Err(format!("invalid JSON at byte {}: {what}", self.pos))
     }
@@ -53,13 +58,20 @@ impl<'a> Scanner<'a> {
         self.buf.get(self.pos).copied()
     }
 
+    #[inline]
     pub fn expect(&mut self, c: u8) -> Result<()> {
         if self.peek() == Some(c) {
             self.pos += 1;
             Ok(())
         } else {
-            self.err(&format!("expected '{}'", c as char))
+            self.expected(c)
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn expected(&self, c: u8) -> Result<()> {
+        self.err(&format!("expected '{}'", c as char))
     }
 
     /// After the value that must be the whole document: only whitespace may follow.
@@ -338,6 +350,20 @@ impl<'a> Scanner<'a> {
     }
 }
 
+/// Whether every byte is ASCII (then the buffer is UTF-8 without a closer look): most
+/// Kubernetes objects are, and this is cheaper than a general UTF-8 check.
+#[inline]
+fn is_ascii(buf: &[u8]) -> bool {
+    let mut chunks = buf.chunks_exact(64);
+    let mut acc = 0u64;
+    for c in &mut chunks {
+        for w in c.chunks_exact(8) {
+            acc |= u64::from_ne_bytes(w.try_into().expect("8 bytes"));
+        }
+    }
+    acc & 0x8080_8080_8080_8080 == 0 && chunks.remainder().is_ascii()
+}
+
 /// The index of the first byte at or after `i` that ends a run of plain string characters
 /// (a quote, a backslash or a control character), or `buf.len()`.
 #[inline]
@@ -464,6 +490,19 @@ mod tests {
             r#"{} x"#,
         ] {
             assert!(!valid(s), "{s}");
+        }
+    }
+
+    #[test]
+    fn checks_utf8_past_the_ascii_fast_path() {
+        let pad = "x".repeat(70);
+        for at in [0, 63, 64, 70] {
+            let mut ok = format!("\"{pad}\"").into_bytes();
+            ok.splice(at + 1..at + 1, "\u{e9}".bytes());
+            assert!(Scanner::new(&ok).is_ok(), "{at}");
+            let mut bad = format!("\"{pad}\"").into_bytes();
+            bad.insert(at + 1, 0xff);
+            assert!(Scanner::new(&bad).is_err(), "{at}");
         }
     }
 
