@@ -78,6 +78,8 @@ pub struct Reader<'a> {
     times: Vec<Option<String>>,
     device_names: Vec<String>,
     pool: PoolInfo,
+    /// The last quantity text seen and its value key.
+    last_quantity: (String, String),
 }
 
 enum Raw<'a> {
@@ -132,6 +134,7 @@ impl<'a> Reader<'a> {
                 generation: Some(0),
                 count: Some(0),
             },
+            last_quantity: (String::new(), String::new()),
         })
     }
 
@@ -182,21 +185,17 @@ impl<'a> Reader<'a> {
         self.expect(b'"')?;
         let start = self.pos;
         let b = self.b;
-        let mut i = start;
-        loop {
-            match b.get(i) {
-                None => return self.err("unterminated string"),
-                Some(b'"') => {
-                    self.pos = i + 1;
-                    return Ok(Raw::Plain(&self.text[start..i]));
-                }
-                Some(b'\\') => break,
-                Some(0..=0x1f) => {
-                    self.pos = i;
-                    return self.err("control character in string");
-                }
-                Some(_) => i += 1,
-            }
+        let Some(n) = memchr::memchr2(b'"', b'\\', &b[start..]) else {
+            return self.err("unterminated string");
+        };
+        let mut i = start + n;
+        if let Some(c) = b[start..i].iter().position(|&c| c < 0x20) {
+            self.pos = start + c;
+            return self.err("control character in string");
+        }
+        if b[i] == b'"' {
+            self.pos = i + 1;
+            return Ok(Raw::Plain(&self.text[start..i]));
         }
         let mut units: Vec<u16> = Vec::new();
         let text = self.text;
@@ -479,12 +478,17 @@ impl<'a> Reader<'a> {
                 return Ok(());
             }
         };
-        match quantity::parse(&text) {
-            Ok(q) => write_str(&mut self.out, &quantity::value_key(&q)),
-            // A value the API server would never return: compared textually, never equal to a
-            // valid quantity.
-            Err(_) => write_str(&mut self.out, &format!("!{text}")),
+        // Devices of one slice mostly repeat the same few quantities.
+        if self.last_quantity.0 != *text {
+            let key = match quantity::parse(&text) {
+                Ok(q) => quantity::value_key(&q),
+                // A value the API server would never return: compared textually, never equal
+                // to a valid quantity.
+                Err(_) => format!("!{text}"),
+            };
+            self.last_quantity = (text.into_owned(), key);
         }
+        write_str(&mut self.out, &self.last_quantity.1);
         Ok(())
     }
 
@@ -551,7 +555,7 @@ impl<'a> Reader<'a> {
     }
 
     /// Writes one member's canonical `"key":value`; returns whether to keep it.
-    fn member(&mut self, ctx: Ctx, k: &str, time_slot: usize) -> Result<bool> {
+    fn member(&mut self, ctx: Ctx, k: &str, plain: bool, time_slot: usize) -> Result<bool> {
         match (ctx, k) {
             (Ctx::Spec, "pool") => {
                 self.pool()?;
@@ -581,8 +585,14 @@ impl<'a> Reader<'a> {
             }
             _ => {}
         }
-        write_str(&mut self.out, k);
-        self.out.push(b':');
+        if plain {
+            self.out.push(b'"');
+            self.out.extend_from_slice(k.as_bytes());
+            self.out.extend_from_slice(b"\":");
+        } else {
+            write_str(&mut self.out, k);
+            self.out.push(b':');
+        }
         if ctx == Ctx::QuantityEntry && k == "value" {
             self.quantity()?;
             return Ok(true);
@@ -624,7 +634,8 @@ impl<'a> Reader<'a> {
                     self.out.push(b',');
                 }
                 let start = self.out.len();
-                if self.member(ctx, k, time_slot)? {
+                let plain = matches!(key, Raw::Plain(_));
+                if self.member(ctx, k, plain, time_slot)? {
                     let ks = self.keys.len();
                     self.keys.extend_from_slice(k.as_bytes());
                     self.members.push(Member {

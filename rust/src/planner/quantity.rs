@@ -295,6 +295,25 @@ pub fn value_key(q: &Quantity) -> String {
     canonical_as(q, Format::DecimalSI)
 }
 
+/// (m, e) with nanos = m * 10^(e + 9) and m not divisible by 10; i64 division when it fits,
+/// because i128 division is a slow library call.
+fn strip_tens(nanos: i128) -> (i128, i64) {
+    let mut e: i64 = -9;
+    if let Ok(mut m) = i64::try_from(nanos) {
+        while m % 10 == 0 {
+            m /= 10;
+            e += 1;
+        }
+        return (i128::from(m), e);
+    }
+    let mut m = nanos;
+    while m % 10 == 0 {
+        m /= 10;
+        e += 1;
+    }
+    (m, e)
+}
+
 fn canonical_as(q: &Quantity, format: Format) -> String {
     if q.nanos == 0 {
         return "0".to_owned();
@@ -312,12 +331,7 @@ fn canonical_as(q: &Quantity, format: Format) -> String {
         }
         return format!("{v}{}", BIN_SUFFIXES[k]);
     }
-    let mut m = q.nanos;
-    let mut e: i64 = -9;
-    while m % 10 == 0 {
-        m /= 10;
-        e += 1;
-    }
+    let (mut m, mut e) = strip_tens(q.nanos);
     while e.rem_euclid(3) != 0 {
         m *= 10;
         e -= 1;
