@@ -9,6 +9,7 @@
 
 use rustc_hash::FxHashSet;
 
+use super::keymap::{prefetch, Key, KeyMap};
 use super::parse::{self, Event, Keyed};
 use super::rv::Rv;
 use super::uid::Uid;
@@ -109,6 +110,13 @@ pub enum Verdict {
     Reject,
 }
 
+/// A parsed event line waiting to be applied, with the hash of its key (when it has one).
+struct Pending<'a> {
+    line: &'a [u8],
+    ev: Result<Event<'a>, String>,
+    hash: Option<u64>,
+}
+
 #[derive(Default)]
 pub struct FeedOutcome {
     pub resource_version: Option<String>,
@@ -135,10 +143,7 @@ pub fn split_key(key: &str) -> (&str, &str) {
     key.split_once('/').unwrap_or(("", key))
 }
 
-/// Keys up to 24 bytes (most "namespace/name") live inline in the table: no pointer chase
-/// (a cache miss on a large store) to compare them.
-type Key = compact_str::CompactString;
-type Map = hashbrown::HashMap<Key, Entry, rustc_hash::FxBuildHasher>;
+type Map = KeyMap<Entry>;
 
 /// Bookkeeping kept beside the map, so a mutation can hold one `&mut Entry` (one hash lookup
 /// per event) while updating it.
@@ -209,7 +214,7 @@ impl Table {
 
     pub fn watch_upsert(&mut self, key: &str, uid: Uid, rv: Rv, raw: &[u8]) {
         let generation = self.generation;
-        let e = self.map.entry_ref(key).or_insert_with(Entry::new);
+        let e = self.map.get_or_insert_with(key, Entry::new);
         e.seen = generation;
         if e.watch.as_ref().is_some_and(|w| w.rv == rv) {
             return;
@@ -263,7 +268,7 @@ impl Table {
     }
 
     pub fn local_upsert(&mut self, key: &str, obj: Obj, deadline: f64) -> bool {
-        let e = self.map.entry_ref(key).or_insert_with(Entry::new);
+        let e = self.map.get_or_insert_with(key, Entry::new);
         let stale = e
             .watch
             .as_ref()
@@ -311,7 +316,7 @@ impl Table {
             .iter()
             .filter(|k| {
                 self.map
-                    .get(&***k)
+                    .get(k)
                     .and_then(|e| e.local.as_deref())
                     .is_some_and(|l| l.deadline() <= now)
             })
@@ -347,12 +352,43 @@ impl Table {
                 }
             }
         }
+        // A software pipeline over the complete lines: while event k is parsed, the table slot
+        // of event k and the object buffer of event k-1 are prefetched and event k-2 is applied.
+        // On a large store each event's slot and buffer are cache misses; this way they are
+        // fetched while the CPU parses instead of stalling it.
+        let mut key = std::mem::take(&mut self.keybuf);
+        let mut older: Option<Pending<'_>> = None;
+        let mut newer: Option<Pending<'_>> = None;
+        let mut stopped = false;
         while let Some(i) = memchr::memchr(b'\n', rest) {
             let line = &rest[..i];
             rest = &rest[i + 1..];
-            if self.line(line, &mut out) {
-                return out;
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
             }
+            let p = self.parse_ahead(line, &mut key);
+            if let Some(n) = &newer {
+                self.prefetch_buffer(n);
+            }
+            if let Some(o) = older.take() {
+                if self.apply_pending(o, &mut key, &mut out) {
+                    stopped = true;
+                    break;
+                }
+            }
+            older = newer.replace(p);
+        }
+        if !stopped {
+            for p in [older, newer].into_iter().flatten() {
+                if self.apply_pending(p, &mut key, &mut out) {
+                    stopped = true;
+                    break;
+                }
+            }
+        }
+        self.keybuf = key;
+        if stopped {
+            return out;
         }
         self.partial.extend_from_slice(rest);
         out
@@ -367,7 +403,56 @@ impl Table {
         if line.iter().all(u8::is_ascii_whitespace) {
             return false;
         }
-        match self.apply_line(line, out) {
+        let mut key = std::mem::take(&mut self.keybuf);
+        let p = Pending {
+            line,
+            ev: parse::event(line),
+            hash: None,
+        };
+        let stop = self.apply_pending(p, &mut key, out);
+        self.keybuf = key;
+        stop
+    }
+
+    /// Parses a line and prefetches the table slot its key probably has.
+    #[inline]
+    fn parse_ahead<'a>(&self, line: &'a [u8], key: &mut String) -> Pending<'a> {
+        let ev = parse::event(line);
+        let mut hash = None;
+        if let Ok(Event::Upsert(h) | Event::Delete(h)) = &ev {
+            if let Some(name) = h.meta.name.as_deref() {
+                make_key(key, h.meta.namespace.as_deref().unwrap_or(""), name);
+                let hs = self.map.hash(key);
+                if let Some(slot) = self.map.probable(hs) {
+                    prefetch(std::ptr::from_ref(slot).cast(), std::mem::size_of_val(slot));
+                }
+                hash = Some(hs);
+            }
+        }
+        Pending { line, ev, hash }
+    }
+
+    /// Prefetches the object buffer an event will overwrite (an update) or free (a delete).
+    #[inline]
+    fn prefetch_buffer(&self, p: &Pending<'_>) {
+        let Some(hash) = p.hash else {
+            return;
+        };
+        let Some((_, e)) = self.map.probable(hash) else {
+            return;
+        };
+        if let Some(w) = &e.watch {
+            let len = match &p.ev {
+                Ok(Event::Upsert(h)) => (h.end - h.start).min(w.raw.len()),
+                _ => 1,
+            };
+            prefetch(w.raw.as_ptr(), len);
+        }
+    }
+
+    /// Applies a parsed event; returns true when an ERROR event ends the chunk.
+    fn apply_pending(&mut self, p: Pending<'_>, key: &mut String, out: &mut FeedOutcome) -> bool {
+        match self.apply_event(p.line, p.ev, key, out) {
             Ok(stop) => stop,
             Err(msg) => {
                 out.malformed.push(msg);
@@ -376,20 +461,30 @@ impl Table {
         }
     }
 
-    fn apply_line(&mut self, line: &[u8], out: &mut FeedOutcome) -> Result<bool, String> {
-        match parse::event(line)? {
+    fn apply_event(
+        &mut self,
+        line: &[u8],
+        ev: Result<Event<'_>, String>,
+        key: &mut String,
+        out: &mut FeedOutcome,
+    ) -> Result<bool, String> {
+        match ev? {
             Event::Upsert(h) => {
                 let k = h.keyed()?;
-                self.keyed_upsert(&k, &line[h.start..h.end]);
+                make_key(key, &k.namespace, &k.name);
+                self.watch_upsert(
+                    key,
+                    Uid::parse(&k.uid),
+                    Rv::parse(&k.resource_version),
+                    &line[h.start..h.end],
+                );
                 set_rv(&mut out.resource_version, &k.resource_version);
             }
             Event::Delete(h) => {
                 let k = h.keyed()?;
                 let rv = Rv::parse(&k.resource_version);
-                let mut key = std::mem::take(&mut self.keybuf);
-                make_key(&mut key, &k.namespace, &k.name);
-                self.watch_delete(&key, &rv);
-                self.keybuf = key;
+                make_key(key, &k.namespace, &k.name);
+                self.watch_delete(key, &rv);
                 set_rv(&mut out.resource_version, &k.resource_version);
             }
             Event::Bookmark(rv) => {
@@ -525,7 +620,7 @@ impl Table {
             .dirty
             .iter()
             .filter_map(|k| {
-                let e = &self.map[k];
+                let e = self.map.get(k).expect("dirty entry exists");
                 let o = e.effective()?;
                 let judged = match &e.shown {
                     Shown::Visible(rv) | Shown::Excluded(rv) => *rv == o.rv,
