@@ -235,7 +235,7 @@ def build_config(
     except msgspec.ValidationError as exc:
         raise translate_validation_error(exc, merged) from None
     config = _resolve(config, merged, environment or Environment.current())
-    for name in ("agent", "ops", "plugins", "kube", "accumulator"):
+    for name in ("agent", "ops", "plugins", "kube", "accumulator", "resources"):
         _validate_section(name, getattr(config, name))
     return config
 

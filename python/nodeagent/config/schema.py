@@ -7,6 +7,7 @@ import msgspec
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.kube.settings import KubeSettings
 from nodeagent.plugins.settings import PluginSettings
+from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "KubeSettings",
     "OpsSettings",
     "PluginSettings",
+    "ResourcesSettings",
 ]
 
 
@@ -25,3 +27,4 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     plugins: PluginSettings = msgspec.field(default_factory=PluginSettings)
     kube: KubeSettings = msgspec.field(default_factory=KubeSettings)
     accumulator: AccumulatorSettings = msgspec.field(default_factory=AccumulatorSettings)
+    resources: ResourcesSettings = msgspec.field(default_factory=ResourcesSettings)

@@ -99,10 +99,17 @@ def test_explicit_registry_dir_is_kept_and_relative_is_under_state_dir() -> None
         ({"kube": {"kubeconfig": 3}}, "kube.kubeconfig", 3, "expected str"),
         ({"kube": {"kube_config": "/k"}}, "kube.kube_config", "/k", "unknown field"),
         (
+            {"resources": {"startup_grace": "30s"}},
+            "resources.startup_grace",
+            "30s",
+            "expected float",
+        ),
+        ({"resources": {"grace": 1.0}}, "resources.grace", 1.0, "unknown field"),
+        (
             {"agnet": {}},
             "agnet",
             {},
-            "unknown field (known: agent, ops, plugins, kube, accumulator)",
+            "unknown field (known: agent, ops, plugins, kube, accumulator, resources)",
         ),
         ({"agent": 3}, "agent", 3, "expected object, got int"),
     ],
@@ -136,6 +143,14 @@ def test_decode_errors_name_field_value_and_rule(
         ({"plugins": {"scan_interval": -1.0}}, "plugins.scan_interval", ""),
         ({"kube": {"qps": -1.0}}, "kube.qps", ""),
         ({"accumulator": {"max_interval": 0}}, "accumulator.max_interval", "> 0"),
+        ({"resources": {"startup_grace": -1.0}}, "resources.startup_grace", ">= 0"),
+        ({"resources": {"disconnect_grace": float("inf")}}, "resources.disconnect_grace", "finite"),
+        ({"resources": {"retry_backoff_initial": 0}}, "resources.retry_backoff_initial", "> 0"),
+        (
+            {"resources": {"retry_backoff_initial": 2.0, "retry_backoff_max": 1.0}},
+            "resources.retry_backoff_max",
+            ">= resources.retry_backoff_initial",
+        ),
     ],
 )
 def test_validation_rules_name_the_section_field(
