@@ -1,9 +1,11 @@
 """The agent process: one Trio run rooted here.
 
 Tree: signal watcher | main scope [ gRPC bridge [ heartbeat, ops endpoint, status loop,
-supervisor [ plugins, kube, ... ] ] ] | shutdown hooks. The first SIGTERM/SIGINT cancels the main
-scope, then the hooks run (flush checkpoints) under `agent.shutdown_timeout`; a timer thread
-enforces that deadline even if a cleanup hangs, and a second signal exits at once.
+supervisor [ plugins, kube, resources, ... ] ] ] | shutdown hooks. The one kube client (None:
+standalone) is open around the supervisor, so components share it across their restarts.
+The first SIGTERM/SIGINT cancels the main scope, then the hooks run (flush checkpoints) under
+`agent.shutdown_timeout`; a timer thread enforces that deadline even if a cleanup hangs, and a
+second signal exits at once.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from nodeagent.service.components import PluginsComponent
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.metrics import BUILD_INFO
 from nodeagent.service.ops import OpsServer
+from nodeagent.service.resources import ResourcesComponent, slice_summary
 from nodeagent.service.sdnotify import Notifier
 from nodeagent.service.supervisor import ComponentReport, Supervisor
 
@@ -73,6 +76,7 @@ class Agent:
         self.extra_components = list(extra_components)
         self.supervisor: Supervisor | None = None
         self.plugins_component: PluginsComponent | None = None
+        self.resources_component: ResourcesComponent | None = None
         self.shutdown_hooks: list[ShutdownHook] = []
         if debug.hang_shutdown():
             self.shutdown_hooks.append(debug.hanging_shutdown_hook)
@@ -141,11 +145,24 @@ class Agent:
             ) from exc
 
     async def _serve(self) -> None:
-        async with open_grpc_bridge() as bridge:
-            self.plugins_component = PluginsComponent(PluginManager(self.config.plugins, bridge))
+        async with open_grpc_bridge() as bridge, self.cluster.connected() as client:
+            manager = PluginManager(self.config.plugins, bridge)
+            self.plugins_component = PluginsComponent(manager)
             agent = self.config.agent
+            self.resources_component = ResourcesComponent(
+                node_name=agent.node_name,
+                inventories=manager.channel("DRAPlugin"),
+                settings=self.config.resources,
+                accumulator_settings=self.config.accumulator,
+                client=client,
+            )
             self.supervisor = Supervisor(
-                [self.plugins_component, self.cluster, *self.extra_components],
+                [
+                    self.plugins_component,
+                    self.cluster,
+                    self.resources_component,
+                    *self.extra_components,
+                ],
                 backoff_initial=agent.restart_backoff_initial,
                 backoff_max=agent.restart_backoff_max,
                 reset_after=agent.restart_backoff_reset_after,
@@ -224,6 +241,11 @@ class Agent:
             return []
         return self.plugins_component.manager.status()
 
+    def resourceslices(self) -> dict[str, Any]:
+        if self.resources_component is None:
+            return {"node": self.config.agent.node_name, "mode": self.cluster.mode, "drivers": {}}
+        return self.resources_component.view()
+
     def effective_config(self) -> dict[str, Any]:
         return to_builtins(self.config)
 
@@ -243,4 +265,5 @@ class Agent:
             "registry_dir": self.config.plugins.registry_dir,
             "components": [r.to_json() for r in reports],
             "plugins": len(self.plugins()),
+            "resourceslices": slice_summary(self.resourceslices()),
         }

@@ -1,14 +1,19 @@
 """The cluster connection as a supervised component.
 
 Standalone when no kubeconfig is configured and the agent is not in a pod: the component stays
-idle and says so in /readyz. Otherwise it builds the client and keeps probing the apiserver
-(`/version`, then `/readyz`) so readiness shows whether the cluster is reachable; publishers that
-need the client arrive with later issues and take it from here.
+idle and says so in /readyz. Otherwise it keeps probing the apiserver (`/version`, then
+`/readyz`) so readiness shows whether the cluster is reachable.
+
+The process has one client: built by `preflight`, opened by the agent for its whole life
+(`connected`), shared by every component that talks to the cluster. Write observers (the
+accumulator's read-your-writes) only see writes made through that same client, and a
+component restart must not close a client another component is using.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 
 import msgspec
 import trio
@@ -57,6 +62,7 @@ class ClusterComponent:
         self.probe_interval = probe_interval
         self.mode: str = "unknown"
         self.client: KubeClient | None = None
+        self._preflighted = False
         self.server_version: str | None = None
         self._ready: Readiness = (False, "connecting")
 
@@ -68,27 +74,36 @@ class ClusterComponent:
         except ConfigError as exc:
             field = exc.field if exc.field.startswith("kube.") else f"kube.{exc.field}"
             raise ConfigError(field, exc.value, exc.rule) from exc
+        self.client = client
         self.mode = "standalone" if client is None else "cluster"
+        self._preflighted = True
+
+    @asynccontextmanager
+    async def connected(self) -> AsyncIterator[KubeClient | None]:
+        """The process's client (None: standalone), open for the duration of the block."""
+        if not self._preflighted:
+            self.preflight()
+        if self.client is None:
+            yield None
+            return
+        async with self.client as client:
+            yield client
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        client = self._load_client(self.settings)
+        if not self._preflighted:
+            self.preflight()
+        client = self.client
         if client is None:
             self.mode = "standalone"
             self._ready = (True, STANDALONE_REASON)
             log.info("no cluster configured: running standalone")
             task_status.started()
             await trio.sleep_forever()
-        self.mode = "cluster"
         self._ready = (False, "connecting to the apiserver")
-        async with client:
-            self.client = client
-            try:
-                task_status.started()
-                while True:
-                    await self._check(client)
-                    await trio.sleep(self.probe_interval)
-            finally:
-                self.client = None
+        task_status.started()
+        while True:
+            await self._check(client)
+            await trio.sleep(self.probe_interval)
 
     async def _check(self, client: KubeClient) -> None:
         try:

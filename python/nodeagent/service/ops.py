@@ -46,6 +46,8 @@ class AgentView(Protocol):
 
     def plugins(self) -> list[dict[str, Any]]: ...
 
+    def resourceslices(self) -> dict[str, Any]: ...
+
     def effective_config(self) -> dict[str, Any]: ...
 
 
@@ -93,6 +95,7 @@ class OpsServer:
             "/metrics": self._metrics,
             "/v1/status": lambda _: _json(200, self.view.status()),
             "/v1/plugins": lambda _: _json(200, self.view.plugins()),
+            "/v1/resourceslices": lambda _: _json(200, self.view.resourceslices()),
             "/v1/config": lambda _: _json(200, self.view.effective_config()),
         }
 

@@ -115,6 +115,25 @@ def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
                 ],
             )
         )
+    pools = status.get("resourceslices") or []
+    if pools:
+        out += [
+            "",
+            table(
+                ["DRIVER", "POOL", "SLICES", "DEVICES", "REGISTERED", "LAST ERROR"],
+                [
+                    [
+                        p.get("driver"),
+                        p.get("pool"),
+                        p.get("slices"),
+                        p.get("devices"),
+                        p.get("registered"),
+                        p.get("last_error"),
+                    ]
+                    for p in pools
+                ],
+            ),
+        ]
     return "\n".join(out) + "\n"
 
 

@@ -49,7 +49,8 @@ async def test_cluster_readiness_follows_the_probe(autojump_clock: trio.testing.
         probe=probe,
         probe_interval=10,  # type: ignore[arg-type,return-value]
     )
-    async with trio.open_nursery() as nursery:
+    async with cluster.connected() as opened, trio.open_nursery() as nursery:
+        assert opened is client and cluster.client is client
         await nursery.start(cluster.run)
         await trio.testing.wait_all_tasks_blocked()
         assert cluster.mode == "cluster" and client.entered == 1

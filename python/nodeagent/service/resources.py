@@ -1,0 +1,176 @@
+"""The ResourceSlice publisher as a supervised component.
+
+Cluster mode: a dedicated accumulator over this node's slices (`update()` drains deltas, so
+no other consumer may share it) and a publisher writing through the process's one client.
+Standalone: a publisher without a client, whose desired slices the ops endpoint shows.
+
+Each run builds a fresh accumulator and publisher: a restarted component starts from a clean
+observed state and, thanks to the start-up grace, deletes nothing up front. The client offers no
+way to remove a write observer, so the component registers one forwarder once and points it at
+the current accumulator; restarts do not pile up observers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NoReturn
+
+import trio
+
+from nodeagent.accumulator import Accumulator, Query
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.kube.client import KubeClient, WriteEvent
+from nodeagent.kube.resource import Resource
+from nodeagent.kube.watch import WatchSink
+from nodeagent.plugins.latest import LatestValue
+from nodeagent.resources.publisher import Publisher, slices_query_args
+from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.service.component import Readiness
+
+__all__ = ["ResourcesComponent", "slice_summary"]
+
+
+class _SharedClient:
+    """The accumulator's view of the shared client: watches go straight through, its write
+    observer is swapped in per run."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self._client = client
+        self._observer: Callable[[WriteEvent], None] | None = None
+        client.add_write_observer(self._forward)
+
+    def _forward(self, event: WriteEvent) -> None:
+        if self._observer is not None:
+            self._observer(event)
+
+    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
+        self._observer = fn
+
+    async def run_watch(
+        self,
+        resource: Resource,
+        sink: WatchSink,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        on_synced: Callable[[], None] | None = None,
+    ) -> NoReturn:
+        await self._client.run_watch(
+            resource,
+            sink,
+            namespace=namespace,
+            label_selector=label_selector,
+            field_selector=field_selector,
+            on_synced=on_synced,
+        )
+
+    async def discover(self, api_version: str, kind: str) -> Resource:
+        return await self._client.discover(api_version, kind)
+
+
+class ResourcesComponent:
+    name = "resources"
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        inventories: LatestValue[Mapping[str, Any]],
+        settings: ResourcesSettings,
+        accumulator_settings: AccumulatorSettings,
+        client: KubeClient | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self._inventories = inventories
+        self._settings = settings
+        self._accumulator_settings = accumulator_settings
+        self._client = client
+        self._watch_client = _SharedClient(client) if client is not None else None
+        self.accumulator: Accumulator | None = None
+        self.publisher: Publisher | None = None
+
+    @property
+    def standalone(self) -> bool:
+        return self._client is None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self._client is None or self._watch_client is None:
+            self.publisher = Publisher(node_name=self.node_name, inventories=self._inventories)
+            await self.publisher.run(task_status=task_status)
+            return
+        acc = Accumulator(
+            self._watch_client,
+            [Query(**slices_query_args(self.node_name))],
+            self._accumulator_settings,
+        )
+        pub = Publisher(
+            node_name=self.node_name,
+            inventories=self._inventories,
+            settings=self._settings,
+            client=self._client,
+            slices=acc,
+        )
+        self.accumulator, self.publisher = acc, pub
+        async with trio.open_nursery() as nursery:
+            await nursery.start(acc.run)
+            await nursery.start(pub.run)
+            task_status.started()
+
+    def readiness(self) -> Readiness:
+        pub, acc = self.publisher, self.accumulator
+        if pub is None:
+            return False, "starting"
+        view = pub.desired_view()
+        counts = _counts(view)
+        rejected = sorted(d for d, s in view.items() if s["last_error"])
+        problems = f"; rejected inventory from {', '.join(rejected)}" if rejected else ""
+        if pub.standalone:
+            return True, f"standalone: {counts} desired, not written{problems}"
+        if acc is not None and not acc.bootstrapped:
+            return False, f"reading this node's slices ({acc.not_ready_reason()})"
+        if not pub.synced:
+            return False, "waiting for the first snapshot of this node's slices"
+        return True, f"{counts} desired, {pub.pending()} pools pending{problems}"
+
+    def view(self) -> dict[str, Any]:
+        """What /v1/resourceslices shows: the desired slices, plus the sync state in cluster
+        mode."""
+        pub = self.publisher
+        doc: dict[str, Any] = {
+            "node": self.node_name,
+            "mode": "standalone" if self.standalone else "cluster",
+            "drivers": pub.desired_view() if pub is not None else {},
+        }
+        if not self.standalone:
+            acc = self.accumulator
+            doc["sync"] = {
+                "observed_complete": acc is not None and acc.bootstrapped,
+                "synced": pub is not None and pub.synced,
+                "pending_pools": pub.pending() if pub is not None else 0,
+                "not_ready_reason": acc.not_ready_reason() if acc is not None else "starting",
+            }
+        return doc
+
+
+def _counts(view: Mapping[str, Any]) -> str:
+    pools = [p for d in view.values() for p in d["pools"].values()]
+    return f"{len(view)} drivers, {len(pools)} pools, {sum(len(p) for p in pools)} slices"
+
+
+def slice_summary(view: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """One row per driver and pool of a `ResourcesComponent.view()`, for `nodeagent status`."""
+    rows: list[dict[str, Any]] = []
+    for driver, state in sorted(view.get("drivers", {}).items()):
+        for pool, slices in sorted(state["pools"].items()):
+            rows.append(
+                {
+                    "driver": driver,
+                    "pool": pool,
+                    "slices": len(slices),
+                    "devices": sum(len(s.get("devices") or []) for s in slices),
+                    "registered": state["registered"],
+                    "last_error": state["last_error"],
+                }
+            )
+    return rows
