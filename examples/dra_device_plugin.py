@@ -1,9 +1,11 @@
-"""An example seed (Kubernetes 1.30, DRA v1alpha3) device plugin built on the nodeagent SDK.
+"""An example DRA device plugin built on the nodeagent SDK.
 
-It lists --devices fake accelerators as named resources and keeps the list-and-watch stream
-open; the agent (or a 1.30 kubelet) turns them into ResourceSlices:
+It lists --devices fake accelerators in one pool (named after the node: $NODE_NAME or the
+hostname) on the native `nodeagent.device.v1alpha1` API and keeps the list-and-watch stream open;
+the agent turns them into resource.k8s.io/v1 ResourceSlices. With --seed it speaks the seed
+(Kubernetes 1.30, DRA v1alpha3) API instead, which a 1.30 kubelet understands too:
 
-    python examples/dra_device_plugin.py [--registry-dir DIR]
+    python examples/dra_device_plugin.py [--registry-dir DIR] [--seed]
 
 SIGINT or SIGTERM stops it and removes its sockets.
 """
@@ -17,7 +19,7 @@ import trio
 
 from nodeagent.config.loader import default_registry_dir
 from nodeagent.log import configure_logging, get_logger
-from nodeagent.sdk import Device, DevicePlugin, Quantity, SemVer
+from nodeagent.sdk import Device, DevicePlugin, SemVer
 
 log = get_logger("examples.dra_device_plugin")
 
@@ -29,22 +31,29 @@ def devices(count: int) -> list[Device]:
             {
                 "index": i,
                 "model": "example-accelerator",
-                "memory": Quantity("16Gi"),
                 "driverVersion": SemVer("1.0.0"),
                 "healthy": True,
             },
+            capacity={"memory": "16Gi"},
         )
         for i in range(count)
     ]
 
 
-async def main(registry_dir: str, name: str, count: int, separate_endpoint: bool) -> None:
+async def main(
+    registry_dir: str, name: str, count: int, separate_endpoint: bool, seed: bool
+) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with DevicePlugin.serve(
-            name=name, registry_dir=registry_dir, separate_endpoint=separate_endpoint
+            name=name,
+            registry_dir=registry_dir,
+            separate_endpoint=separate_endpoint,
+            api="seed" if seed else "native",
         ) as plugin:
             await plugin.publish(devices(count))
-            log.info("device plugin serving", socket=plugin.socket_path, devices=count)
+            log.info(
+                "device plugin serving", socket=plugin.socket_path, devices=count, api=plugin.api
+            )
             async for signum in signals:
                 log.info("stopping", signal=signal.Signals(signum).name)
                 break
@@ -62,8 +71,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--separate-endpoint",
         action="store_true",
-        help="serve v1alpha3.Node on its own hidden socket instead of the registration socket",
+        help="serve the device service on its own hidden socket instead of the registration one",
+    )
+    parser.add_argument(
+        "--seed",
+        action="store_true",
+        help="speak the seed v1alpha3.Node API (Kubernetes 1.30) instead of the native one",
     )
     args = parser.parse_args()
     configure_logging()
-    trio.run(main, args.registry_dir, args.name, args.devices, args.separate_endpoint)
+    trio.run(main, args.registry_dir, args.name, args.devices, args.separate_endpoint, args.seed)

@@ -12,6 +12,8 @@ import pytest
 import trio
 
 from nodeagent.plugins import PluginManager
+from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from tests.plugins.support import WAIT, state_of, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -26,6 +28,7 @@ def _sockets(directory: str) -> list[Path]:
     [
         ("cpu_reporter.py", ["--interval", "0.1"], "ReporterPlugin", "cpu-reporter"),
         ("dra_device_plugin.py", ["--separate-endpoint"], "DRAPlugin", "accel.example.com"),
+        ("dra_device_plugin.py", ["--seed"], "DRAPlugin", "accel.example.com"),
     ],
 )
 async def test_example_plugin_runs_registers_and_stops_cleanly(
@@ -49,9 +52,16 @@ async def test_example_plugin_runs_registers_and_stops_cleanly(
             version = channel.version
             with trio.fail_after(WAIT):  # it refreshes every 0.1 s
                 await channel.wait_newer(version)
+        elif "--seed" in args:
+            message = channel.value[name].message
+            assert isinstance(message, dra.NodeListAndWatchResourcesResponse)
+            assert len(message.resources[0].namedResources.instances) == 4
         else:
             message = channel.value[name].message
-            assert len(message.resources[0].namedResources.instances) == 4  # type: ignore[attr-defined]
+            assert isinstance(message, device_pb2.Inventory)
+            (pool,) = message.pools
+            assert [d.name for d in pool.devices] == [f"accel-{i}" for i in range(4)]
+            assert pool.devices[0].capacity["memory"].value == "16Gi"
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(WAIT):
             assert await process.wait() == 0

@@ -200,18 +200,22 @@ async def test_two_dra_plugins_with_the_same_name_need_a_higher_version(
     manager: PluginManager, bridge: GrpcBridge, registry: str
 ) -> None:
     async with DevicePlugin.serve(
-        name="drv", registry_dir=os.path.join(registry, "a"), bridge=bridge
+        name="drv", registry_dir=os.path.join(registry, "a"), bridge=bridge, api="seed"
     ) as first:
         with trio.fail_after(WAIT):
             await first.wait_registered()
         async with DevicePlugin.serve(
-            name="drv", registry_dir=os.path.join(registry, "b"), bridge=bridge
+            name="drv", registry_dir=os.path.join(registry, "b"), bridge=bridge, api="seed"
         ) as same:
             status = await same.wait_registration()
             assert not status.plugin_registered
             assert "needs a strictly higher version" in status.error
         async with DevicePlugin.serve(
-            name="drv", registry_dir=os.path.join(registry, "c"), bridge=bridge, versions=["1.1.0"]
+            name="drv",
+            registry_dir=os.path.join(registry, "c"),
+            bridge=bridge,
+            api="seed",
+            versions=["1.1.0"],
         ) as newer:
             with trio.fail_after(WAIT):
                 await newer.wait_registered()

@@ -107,7 +107,11 @@ async def test_dra_plugin_with_separate_endpoint_streams_devices(
 ) -> None:
     channel = manager.channel("DRAPlugin")
     async with DevicePlugin.serve(
-        name="gpu.example.com", registry_dir=registry, bridge=bridge, separate_endpoint=True
+        name="gpu.example.com",
+        registry_dir=registry,
+        bridge=bridge,
+        separate_endpoint=True,
+        api="seed",
     ) as plugin:
         await plugin.publish([Device("gpu-0", {"memory": Quantity("40Gi"), "index": 0})])
         with trio.fail_after(WAIT):

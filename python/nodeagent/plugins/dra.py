@@ -1,39 +1,56 @@
-"""The seed DRA plugin type: v1alpha3.Node NodeListAndWatchResources (Kubernetes 1.30)."""
+"""The DRA plugin type, with both plugin-facing APIs.
+
+- Native: `nodeagent.device.v1alpha1.DevicePlugin/ListAndWatch` streams `Inventory` messages,
+  chosen when the plugin lists that service name in supported_versions (as the modern kubelet
+  negotiates with service names).
+- Seed: `v1alpha3.Node/NodeListAndWatchResources` (Kubernetes 1.30) streams
+  `NodeListAndWatchResourcesResponse` messages, for plugins advertising semver versions.
+
+Both kinds of message go to the same latest-value channel; consumers tell them apart by type.
+"""
 
 from __future__ import annotations
 
 import re
 from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from google.protobuf.message import Message
 
 from nodeagent.plugins.bridge import GrpcChannel, ServerStream
+from nodeagent.plugins.dra_native import QUANTITY, validate_inventory_message
 from nodeagent.plugins.handler import (
     InvalidMessage,
     PluginEndpoint,
     PluginValidationError,
     StreamingHandler,
 )
-from nodeagent.plugins.versions import highest_supported_version
+from nodeagent.plugins.versions import dra_api, highest_supported_version
 from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
 
 __all__ = ["DRA_PLUGIN_TYPE", "DraHandler", "validate_resources"]
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# resource.Quantity's string form: sign, number, then an optional binary/decimal suffix or exponent.
-_QUANTITY = re.compile(
-    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$"
-)
 
 
-class DraHandler(StreamingHandler[api_pb2.NodeListAndWatchResourcesResponse]):
+class DraHandler(StreamingHandler[Message]):
     plugin_type = DRA_PLUGIN_TYPE
 
     def validate_versions(self, plugin: PluginEndpoint) -> None:
+        if dra_api(plugin.versions) == "native":
+            return  # a newer registration of the same name replaces the old one (modern kubelet)
         highest = highest_supported_version(plugin.versions)
         entry = self._entries.get(plugin.name)
-        if entry is not None and entry.registered and entry.plugin.socket != plugin.socket:
+        if (
+            entry is not None
+            and entry.registered
+            and entry.plugin.socket != plugin.socket
+            and dra_api(entry.plugin.versions) == "seed"
+        ):
             # The seed kubelet: a second plugin of the same name needs a strictly higher version.
             current = highest_supported_version(entry.plugin.versions)
             if highest <= current:
@@ -44,15 +61,35 @@ class DraHandler(StreamingHandler[api_pb2.NodeListAndWatchResourcesResponse]):
                 )
 
     def open_stream(
-        self, channel: GrpcChannel
-    ) -> AbstractAsyncContextManager[ServerStream[api_pb2.NodeListAndWatchResourcesResponse]]:
-        stub = channel.stub(api_grpc.NodeStub)
-        return self._bridge.server_stream(
-            stub.NodeListAndWatchResources, api_pb2.NodeListAndWatchResourcesRequest()
-        )
+        self, channel: GrpcChannel, plugin: PluginEndpoint
+    ) -> AbstractAsyncContextManager[ServerStream[Message]]:
+        stream: AbstractAsyncContextManager[ServerStream[Any]]
+        if dra_api(plugin.versions) == "native":
+            native = channel.stub(device_grpc.DevicePluginStub)
+            stream = self._bridge.server_stream(
+                native.ListAndWatch, device_pb2.ListAndWatchRequest()
+            )
+        else:
+            seed = channel.stub(api_grpc.NodeStub)
+            stream = self._bridge.server_stream(
+                seed.NodeListAndWatchResources, api_pb2.NodeListAndWatchResourcesRequest()
+            )
+        return stream
 
-    def validate_message(self, message: api_pb2.NodeListAndWatchResourcesResponse) -> None:
-        validate_resources(message)
+    def validate_message(self, message: Message) -> None:
+        if isinstance(message, device_pb2.Inventory):
+            validate_inventory_message(message)
+        elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
+            validate_resources(message)
+        else:
+            raise InvalidMessage(f"unexpected message type {type(message).__name__}")
+
+    def plugin_status(self, name: str) -> dict[str, Any] | None:
+        status = super().plugin_status(name)
+        entry = self._entries.get(name)
+        if status is not None and entry is not None:
+            status["api"] = dra_api(entry.plugin.versions)
+        return status
 
 
 def validate_resources(message: api_pb2.NodeListAndWatchResourcesResponse) -> None:
@@ -86,7 +123,7 @@ def _validate_value(at: str, value: v1alpha2.NamedResourcesAttributeValue) -> No
         raise InvalidMessage(
             f"{at}.attributeValue: exactly one value must be set, got {len(fields)}"
         )
-    if value.HasField("quantity") and not _QUANTITY.match(value.quantity.string):
+    if value.HasField("quantity") and not QUANTITY.match(value.quantity.string):
         raise InvalidMessage(
             f"{at}.attributeValue.quantity: {value.quantity.string!r}: not a valid quantity"
         )

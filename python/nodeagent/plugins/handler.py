@@ -154,8 +154,10 @@ class StreamingHandler(ABC, Generic[M]):
         """Raise PluginValidationError if the plugin's supported_versions are not acceptable."""
 
     @abstractmethod
-    def open_stream(self, channel: GrpcChannel) -> AbstractAsyncContextManager[ServerStream[M]]:
-        """Open the plugin's list-and-watch call on `channel`."""
+    def open_stream(
+        self, channel: GrpcChannel, plugin: PluginEndpoint
+    ) -> AbstractAsyncContextManager[ServerStream[M]]:
+        """Open `plugin`'s list-and-watch call on `channel` (the API its versions select)."""
 
     @abstractmethod
     def validate_message(self, message: M) -> None:
@@ -271,7 +273,7 @@ class StreamingHandler(ABC, Generic[M]):
                 ) as channel:
                     while True:
                         try:
-                            async with self.open_stream(channel) as messages:
+                            async with self.open_stream(channel, stream.plugin) as messages:
                                 self._set_state(stream, "open")
                                 await self._consume(entry, stream, messages, backoff)
                             self._set_state(stream, "ended")

@@ -25,7 +25,7 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
         require_any_version(plugin.versions, SUPPORTED_VERSIONS)
 
     def open_stream(
-        self, channel: GrpcChannel
+        self, channel: GrpcChannel, plugin: PluginEndpoint
     ) -> AbstractAsyncContextManager[ServerStream[api_pb2.GetReportContentResponse]]:
         stub = channel.stub(api_grpc.ReporterPluginStub)
         return self._bridge.server_stream(stub.ListAndWatchReportContent, api_pb2.Empty())

@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import Literal
 
 from nodeagent.plugins.handler import PluginValidationError
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
-__all__ = ["highest_supported_version", "parse_generic_version", "require_any_version"]
+__all__ = [
+    "NATIVE_DRA_SERVICE",
+    "DraApi",
+    "dra_api",
+    "highest_supported_version",
+    "parse_generic_version",
+    "require_any_version",
+]
+
+# The fully-qualified gRPC service name, taken from the compiled proto so the two cannot drift.
+NATIVE_DRA_SERVICE: str = device_pb2.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
+
+DraApi = Literal["native", "seed"]
 
 # k8s.io/apimachinery/pkg/util/version ParseGeneric: optional "v", at least major.minor.
 _GENERIC = re.compile(r"^\s*v?([0-9]+(?:\.[0-9]+)+)\s*$")
@@ -47,3 +61,18 @@ def require_any_version(versions: Sequence[str], supported: Sequence[str]) -> st
     raise PluginValidationError(
         f"none of the versions {list(versions)} is supported (supported: {list(supported)})"
     )
+
+
+def dra_api(versions: Sequence[str]) -> DraApi:
+    """Which DRA API a plugin speaks. As the modern kubelet does with service names, a plugin
+    listing the native service gets the native stream; otherwise the seed rule must accept its
+    versions (semver with major 1), else PluginValidationError."""
+    if NATIVE_DRA_SERVICE in (v.strip() for v in versions):
+        return "native"
+    try:
+        highest_supported_version(versions)
+    except PluginValidationError as exc:
+        raise PluginValidationError(
+            f"{exc} (or list the native service {NATIVE_DRA_SERVICE!r})"
+        ) from None
+    return "seed"

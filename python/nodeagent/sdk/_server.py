@@ -93,7 +93,7 @@ class PluginServer(Generic[M]):
         self.latest.set(message)
         await trio.lowlevel.checkpoint()
 
-    async def _stream_updates(self, stream: Stream[Any, M]) -> None:
+    async def _stream_updates(self, stream: Stream[Any, Any]) -> None:
         """The body of a list-and-watch handler: send every new state until the agent leaves."""
         await stream.recv_message()
         version = 0

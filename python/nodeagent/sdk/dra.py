@@ -1,93 +1,70 @@
-"""Writing a seed (v1alpha3) DRA device plugin in a few lines.
+"""Writing a DRA device plugin in a few lines, on the native API by default.
 
 ```python
 async with DevicePlugin.serve(name="gpu.example.com", registry_dir=dir) as plugin:
-    await plugin.publish([Device("gpu-0", {"model": "A100", "memory": Quantity("40Gi")})])
+    await plugin.publish([Device("gpu-0", {"model": "A100"}, capacity={"memory": "40Gi"})])
 ```
+
+The native API (`nodeagent.device.v1alpha1.DevicePlugin/ListAndWatch`) carries pools, capacity,
+taints and counters; ``api="seed"`` serves the Kubernetes 1.30 `v1alpha3.Node` API instead (what
+a 1.30 kubelet understands; no taints or counters, list attributes allowed).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+import socket
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
+from google.protobuf.message import Message
 from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.server import Stream
 
 from nodeagent.plugins.bridge import GrpcBridge
+from nodeagent.plugins.versions import NATIVE_DRA_SERVICE
 from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
-from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
 from nodeagent.sdk._server import PluginServer, serving
+from nodeagent.sdk.devices import (
+    CounterConsumption,
+    CounterSet,
+    Device,
+    Pool,
+    Quantity,
+    SemVer,
+    Taint,
+    build_inventory,
+    build_resources,
+)
 
-__all__ = ["Device", "DevicePlugin", "Quantity", "SemVer", "build_resources"]
+__all__ = [
+    "CounterConsumption",
+    "CounterSet",
+    "Device",
+    "DevicePlugin",
+    "Pool",
+    "Quantity",
+    "SemVer",
+    "Taint",
+    "build_inventory",
+    "build_resources",
+    "default_pool_name",
+]
 
-
-@dataclass(frozen=True)
-class Quantity:
-    """A Kubernetes quantity such as "40Gi" or "500m"."""
-
-    value: str
-
-
-@dataclass(frozen=True)
-class SemVer:
-    """A semantic version attribute such as "1.2.3"."""
-
-    value: str
-
-
-AttributeValue = bool | int | str | Quantity | SemVer | Sequence[int] | Sequence[str]
-
-
-@dataclass(frozen=True)
-class Device:
-    """One named resource instance and its attributes."""
-
-    name: str
-    attributes: Mapping[str, AttributeValue] = field(default_factory=dict)
-
-
-def _attribute_value(value: AttributeValue) -> v1alpha2.NamedResourcesAttributeValue:
-    out = v1alpha2.NamedResourcesAttributeValue()
-    if isinstance(value, bool):  # before int: bool is an int
-        out.bool = value
-    elif isinstance(value, int):
-        out.int = value
-    elif isinstance(value, str):
-        out.string = value
-    elif isinstance(value, Quantity):
-        out.quantity.string = value.value
-    elif isinstance(value, SemVer):
-        out.version = value.value
-    elif all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        out.intSlice.ints.extend(int(v) for v in value)
-    elif all(isinstance(v, str) for v in value):
-        out.stringSlice.strings.extend(str(v) for v in value)
-    else:
-        raise TypeError(f"unsupported attribute value {value!r}")
-    return out
+Api = Literal["native", "seed"]
+_DEFAULT_VERSIONS: dict[str, tuple[str, ...]] = {
+    "native": (NATIVE_DRA_SERVICE,),
+    "seed": ("1.0.0",),
+}
 
 
-def build_resources(devices: Sequence[Device]) -> api_pb2.NodeListAndWatchResourcesResponse:
-    """One ResourceModel with every device as a named-resources instance."""
-    instances = [
-        v1alpha2.NamedResourcesInstance(
-            name=device.name,
-            attributes=[
-                v1alpha2.NamedResourcesAttribute(name=key, attributeValue=_attribute_value(value))
-                for key, value in device.attributes.items()
-            ],
-        )
-        for device in devices
-    ]
-    model = v1alpha2.ResourceModel(
-        namedResources=v1alpha2.NamedResourcesResources(instances=instances)
-    )
-    return api_pb2.NodeListAndWatchResourcesResponse(resources=[model])
+def default_pool_name() -> str:
+    """The node's name as the kubelet defaults it: $NODE_NAME, else the lowercased hostname.
+    Node-local pools are named after their node (the agent names the seed API's pool so too)."""
+    return os.environ.get("NODE_NAME") or socket.gethostname().lower()
 
 
 class _NodeService(api_grpc.NodeBase):
@@ -117,18 +94,60 @@ class _NodeService(api_grpc.NodeBase):
         await self._plugin._stream_updates(stream)
 
 
-class DevicePlugin(PluginServer[api_pb2.NodeListAndWatchResourcesResponse]):
-    """A seed DRA plugin: Registration on `<registry_dir>/<name>-reg.sock`, v1alpha3.Node on the
-    same socket or (``separate_endpoint=True``) on the hidden `<registry_dir>/.<name>-dra.sock`."""
+class _DevicePluginService(device_grpc.DevicePluginBase):
+    def __init__(self, plugin: DevicePlugin) -> None:
+        self._plugin = plugin
+
+    async def ListAndWatch(
+        self, stream: Stream[device_pb2.ListAndWatchRequest, device_pb2.Inventory]
+    ) -> None:
+        await self._plugin._stream_updates(stream)
+
+
+class DevicePlugin(PluginServer[Message]):
+    """A DRA plugin: Registration on `<registry_dir>/<name>-reg.sock`, its device service (native
+    or, with ``api="seed"``, v1alpha3.Node) on the same socket or (``separate_endpoint=True``) on
+    the hidden `<registry_dir>/.<name>-dra.sock`."""
 
     plugin_type = "DRAPlugin"
 
+    def __init__(
+        self,
+        name: str,
+        socket_path: str,
+        endpoint: str,
+        versions: Sequence[str],
+        *,
+        api: Api = "native",
+        pool: str | None = None,
+    ) -> None:
+        if api not in _DEFAULT_VERSIONS:
+            raise ValueError(f"api: {api!r}: must be 'native' or 'seed'")
+        super().__init__(name, socket_path, endpoint, versions)
+        self.api: Api = api
+        self.pool = pool or default_pool_name()
+
     def services(self) -> list[Any]:
+        if self.api == "native":
+            return [_DevicePluginService(self)]
         return [_NodeService(self)]
 
-    async def publish(self, devices: Sequence[Device]) -> None:
-        """Replace the plugin's whole device list; every open stream sends it."""
-        await self.publish_message(build_resources(devices))
+    async def publish(self, devices: Sequence[Device], *, pool: str | None = None) -> None:
+        """Replace the plugin's whole inventory with `devices` in one pool (default: the
+        plugin's `pool`; the seed API has one pool, named by the agent); every open stream
+        sends it. ValueError if a device uses what the API cannot carry."""
+        if self.api == "seed":
+            if pool is not None:
+                raise ValueError("pool: the seed API has no pools (the agent names its one pool)")
+            await self.publish_message(build_resources(devices))
+        else:
+            await self.publish_pools([Pool(pool or self.pool, devices)])
+
+    async def publish_pools(self, pools: Sequence[Pool]) -> None:
+        """Replace the plugin's whole inventory with `pools` (native API only)."""
+        if self.api != "native":
+            raise ValueError("publish_pools needs the native API; the seed API has no pools")
+        await self.publish_message(build_inventory(pools))
 
     @classmethod
     @asynccontextmanager
@@ -137,14 +156,20 @@ class DevicePlugin(PluginServer[api_pb2.NodeListAndWatchResourcesResponse]):
         *,
         name: str,
         registry_dir: str,
-        versions: Sequence[str] = ("1.0.0",),
+        api: Api = "native",
+        pool: str | None = None,
+        versions: Sequence[str] | None = None,
         separate_endpoint: bool = False,
         bridge: GrpcBridge | None = None,
     ) -> AsyncIterator[DevicePlugin]:
-        """Serve until the block exits, then remove the socket(s). Without `bridge`, opens one."""
+        """Serve until the block exits, then remove the socket(s). Without `bridge`, opens one.
+
+        `versions` defaults to the API's: the native service name, or "1.0.0" for the seed."""
         path = _socket_path(registry_dir, f"{name}-reg.sock")
         endpoint = _socket_path(registry_dir, f".{name}-dra.sock") if separate_endpoint else ""
-        plugin = cls(name, path, endpoint, versions)
+        if versions is None:
+            versions = _DEFAULT_VERSIONS.get(api, ())
+        plugin = cls(name, path, endpoint, versions, api=api, pool=pool)
         async with serving(plugin, bridge, separate_endpoint=separate_endpoint):
             yield plugin
 

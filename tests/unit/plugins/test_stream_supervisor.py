@@ -70,7 +70,7 @@ class _ScriptedHandler(StreamingHandler[rep.GetReportContentResponse]):
         pass
 
     def open_stream(
-        self, channel: GrpcChannel
+        self, channel: GrpcChannel, plugin: PluginEndpoint
     ) -> AbstractAsyncContextManager[ServerStream[rep.GetReportContentResponse]]:
         return self._open()
 

@@ -1,0 +1,105 @@
+"""Shape rules of a native `nodeagent.device.v1alpha1.Inventory` message.
+
+These are the checks that make a message unusable as a whole (a value missing from a oneof,
+duplicate names, lists over the v1 size limits, unparsable quantities); the resource-level rules
+(qualified names, DNS labels, semver, taint effects) are the publisher's, which names the device
+and the rule in an Event. Either way the plugin's last good inventory stays published.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+
+__all__ = ["QUANTITY", "validate_inventory_message"]
+
+# The resource.k8s.io/v1 limits (ResourceSlice validation); the message size is bounded by the
+# bridge's max_message_bytes before decoding.
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_TAINTS = 16
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS = 32
+
+# resource.Quantity's string form: sign, number, then an optional binary/decimal suffix or exponent.
+QUANTITY = re.compile(
+    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$"
+)
+
+
+def validate_inventory_message(message: device_pb2.Inventory) -> None:
+    """Raise InvalidMessage naming the first broken rule's field path and value."""
+    pool_names: set[str] = set()
+    for i, pool in enumerate(message.pools):
+        where = f"pools[{i}]"
+        if not pool.name:
+            raise InvalidMessage(f"{where}.name: must not be empty")
+        if pool.name in pool_names:
+            raise InvalidMessage(f"{where}.name: {pool.name!r}: duplicate pool name")
+        pool_names.add(pool.name)
+        if len(pool.shared_counters) > MAX_COUNTER_SETS:
+            raise InvalidMessage(
+                f"{where}.shared_counters: {len(pool.shared_counters)} counter sets, "
+                f"at most {MAX_COUNTER_SETS}"
+            )
+        set_names: set[str] = set()
+        for j, counter_set in enumerate(pool.shared_counters):
+            at = f"{where}.shared_counters[{j}]"
+            if not counter_set.name:
+                raise InvalidMessage(f"{at}.name: must not be empty")
+            if counter_set.name in set_names:
+                raise InvalidMessage(f"{at}.name: {counter_set.name!r}: duplicate counter set")
+            set_names.add(counter_set.name)
+            _counters(f"{at}.counters", counter_set.counters)
+        device_names: set[str] = set()
+        for j, device in enumerate(pool.devices):
+            _device(f"{where}.devices[{j}]", device, device_names)
+
+
+def _device(at: str, device: device_pb2.Device, seen: set[str]) -> None:
+    if not device.name:
+        raise InvalidMessage(f"{at}.name: must not be empty")
+    if device.name in seen:
+        raise InvalidMessage(f"{at}.name: {device.name!r}: duplicate device name in the pool")
+    seen.add(device.name)
+    at = f"{at} ({device.name})"
+    n = len(device.attributes) + len(device.capacity)
+    if n > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise InvalidMessage(
+            f"{at}: {n} attributes and capacities, at most {MAX_ATTRIBUTES_AND_CAPACITIES}"
+        )
+    for key, attribute in device.attributes.items():
+        if not key:
+            raise InvalidMessage(f"{at}.attributes: empty attribute name")
+        if attribute.WhichOneof("value") is None:
+            raise InvalidMessage(f"{at}.attributes[{key!r}]: exactly one value must be set")
+    for key, capacity in device.capacity.items():
+        if not key:
+            raise InvalidMessage(f"{at}.capacity: empty capacity name")
+        _quantity(f"{at}.capacity[{key!r}].value", capacity.value)
+    if len(device.taints) > MAX_TAINTS:
+        raise InvalidMessage(f"{at}.taints: {len(device.taints)} taints, at most {MAX_TAINTS}")
+    for k, taint in enumerate(device.taints):
+        if not taint.key:
+            raise InvalidMessage(f"{at}.taints[{k}].key: must not be empty")
+    for k, consumption in enumerate(device.consumes_counters):
+        here = f"{at}.consumes_counters[{k}]"
+        if not consumption.counter_set:
+            raise InvalidMessage(f"{here}.counter_set: must not be empty")
+        _counters(f"{here}.counters", consumption.counters)
+
+
+def _counters(at: str, counters: Mapping[str, device_pb2.Counter]) -> None:
+    if len(counters) > MAX_COUNTERS:
+        raise InvalidMessage(f"{at}: {len(counters)} counters, at most {MAX_COUNTERS}")
+    for name, counter in counters.items():
+        if not name:
+            raise InvalidMessage(f"{at}: empty counter name")
+        _quantity(f"{at}[{name!r}].value", counter.value)
+
+
+def _quantity(at: str, value: str) -> None:
+    if not QUANTITY.match(value):
+        raise InvalidMessage(f"{at}: {value!r}: not a valid quantity")
