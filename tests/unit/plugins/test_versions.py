@@ -4,6 +4,8 @@ import pytest
 
 from nodeagent.plugins.handler import PluginValidationError
 from nodeagent.plugins.versions import (
+    NATIVE_DRA_SERVICE,
+    dra_api,
     highest_supported_version,
     parse_generic_version,
     require_any_version,
@@ -53,3 +55,33 @@ def test_reporter_versions_need_one_supported_entry() -> None:
         require_any_version(["v2"], ["v1alpha1"])
     with pytest.raises(PluginValidationError):
         require_any_version([], ["v1alpha1"])
+
+
+@pytest.mark.parametrize(
+    ("versions", "api"),
+    [
+        (["nodeagent.device.v1alpha1.DevicePlugin"], "native"),
+        (["1.0.0", "nodeagent.device.v1alpha1.DevicePlugin"], "native"),  # native wins
+        (["v1.DRAPlugin", "nodeagent.device.v1alpha1.DevicePlugin"], "native"),
+        (["1.0.0"], "seed"),
+        (["v1.2"], "seed"),
+    ],
+)
+def test_dra_api_prefers_the_native_service_name(versions: list[str], api: str) -> None:
+    assert NATIVE_DRA_SERVICE == "nodeagent.device.v1alpha1.DevicePlugin"
+    assert dra_api(versions) == api
+
+
+@pytest.mark.parametrize(
+    ("versions", "message"),
+    [
+        ([], "empty supported_versions"),
+        (["v1.DRAPlugin"], "could not parse 'v1.DRAPlugin'"),
+        (["nodeagent.device.v1alpha2.DevicePlugin"], "could not parse"),
+        (["2.0.0"], "need major version 1"),
+    ],
+)
+def test_dra_api_refuses_lists_with_neither_api(versions: list[str], message: str) -> None:
+    with pytest.raises(PluginValidationError, match=message) as info:
+        dra_api(versions)
+    assert "nodeagent.device.v1alpha1.DevicePlugin" in str(info.value)
