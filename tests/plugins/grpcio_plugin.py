@@ -1,7 +1,8 @@
 """A node plugin written with grpcio (the reference gRPC stack), for the wire-compatibility test.
 
 Run as ``python grpcio_plugin.py GEN_DIR KIND SOCKET NAME`` where GEN_DIR holds modules that
-grpc_tools compiled from the repo's .proto files and KIND is "reporter" or "dra". Each line
+grpc_tools compiled from the repo's .proto files and KIND is "reporter", "dra" (the seed API) or
+"native" (the nodeagent.device.v1alpha1 API). Each line
 ``value N`` on stdin publishes a new state; EOF stops the plugin and removes its socket. Every
 NotifyRegistrationStatus is echoed to stdout as ``notify True|False <error>``.
 """
@@ -26,6 +27,9 @@ from pluginregistration.v1 import api_pb2 as reg  # noqa: E402
 from pluginregistration.v1 import api_pb2_grpc as reg_grpc  # noqa: E402
 from reporterplugin.v1alpha1 import api_pb2 as rep  # noqa: E402
 from reporterplugin.v1alpha1 import api_pb2_grpc as rep_grpc  # noqa: E402
+
+from nodeagent.device.v1alpha1 import device_pb2 as native  # noqa: E402
+from nodeagent.device.v1alpha1 import device_pb2_grpc as native_grpc  # noqa: E402
 
 state = {"version": 0, "value": 0}
 changed = threading.Condition()
@@ -52,6 +56,16 @@ def message(value: int) -> Any:
                 )
             ]
         )
+    if kind == "native":
+        devices = [
+            {
+                "name": f"dev-{i}",
+                "attributes": {"index": {"int": i}},
+                "capacity": {"mem": {"value": "1Gi"}},
+            }
+            for i in range(value)
+        ]
+        return native.Inventory(pools=[{"name": "grpcio-pool", "devices": devices}])
     instances = [
         {"name": f"dev-{i}", "attributes": [{"name": "index", "attributeValue": {"int": i}}]}
         for i in range(value)
@@ -80,7 +94,8 @@ class Registration(reg_grpc.RegistrationServicer):
     def GetInfo(self, request: Any, context: grpc.ServicerContext) -> Any:
         if kind == "reporter":
             return reg.PluginInfo(type="ReporterPlugin", name=name, supported_versions=["v1alpha1"])
-        return reg.PluginInfo(type="DRAPlugin", name=name, supported_versions=["1.0.0"])
+        versions = ["nodeagent.device.v1alpha1.DevicePlugin"] if kind == "native" else ["1.0.0"]
+        return reg.PluginInfo(type="DRAPlugin", name=name, supported_versions=versions)
 
     def NotifyRegistrationStatus(self, request: Any, context: grpc.ServicerContext) -> Any:
         print(f"notify {request.plugin_registered} {request.error}", flush=True)
@@ -100,10 +115,16 @@ class Node(dra_grpc.NodeServicer):
         yield from updates(context)
 
 
+class DevicePlugin(native_grpc.DevicePluginServicer):
+    def ListAndWatch(self, request: Any, context: grpc.ServicerContext) -> Any:
+        yield from updates(context)
+
+
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
 reg_grpc.add_RegistrationServicer_to_server(Registration(), server)
 rep_grpc.add_ReporterPluginServicer_to_server(Reporter(), server)
 dra_grpc.add_NodeServicer_to_server(Node(), server)
+native_grpc.add_DevicePluginServicer_to_server(DevicePlugin(), server)
 server.add_insecure_port(f"unix:{socket_path}")
 server.start()
 print("serving", flush=True)

@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from nodeagent.plugins import PluginManager
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from tests.plugins.support import WAIT, state_of, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,6 +39,10 @@ def grpcio_modules(tmp_path_factory: pytest.TempPathFactory) -> str:
         check=True,
         cwd=REPO,
     )
+    # The generated `nodeagent` package must shadow the installed one in the plugin process: a
+    # directory without __init__.py is only a namespace portion, which a regular package beats.
+    for package in ("nodeagent", "nodeagent/device", "nodeagent/device/v1alpha1"):
+        (out / package / "__init__.py").touch()
     return str(out)
 
 
@@ -80,6 +85,12 @@ async def _run_plugin(
             message = channel.value[name].message
             if kind == "reporter":
                 return json.loads(message.content[0].field[0].value)  # type: ignore[attr-defined]
+            if kind == "native":
+                assert isinstance(message, device_pb2.Inventory)
+                (pool,) = message.pools
+                assert pool.name == "grpcio-pool"
+                assert all(d.capacity["mem"].value == "1Gi" for d in pool.devices)
+                return len(pool.devices)
             return len(message.resources[0].namedResources.instances)  # type: ignore[attr-defined]
 
         assert current() == 1
@@ -107,3 +118,12 @@ async def test_grpcio_dra_plugin_registers_and_streams(
     grpcio_modules: str, registry: str, manager: PluginManager
 ) -> None:
     await _run_plugin(grpcio_modules, registry, "dra", "grpcio-dra", manager)
+
+
+async def test_grpcio_native_dra_plugin_registers_and_streams(
+    grpcio_modules: str, registry: str, manager: PluginManager
+) -> None:
+    await _run_plugin(grpcio_modules, registry, "native", "grpcio-native", manager)
+    status = next(s for s in manager.status() if s["name"] == "grpcio-native")
+    assert status["api"] == "native"
+    assert status["last_message"]["pools"][0]["name"] == "grpcio-pool"
