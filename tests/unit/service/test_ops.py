@@ -40,6 +40,9 @@ class FakeView:
             raise RuntimeError("manager exploded")
         return [{"name": "p1", "type": "ReporterPlugin"}]
 
+    def resourceslices(self) -> dict[str, Any]:
+        return {"node": "n1", "mode": "standalone", "drivers": {}}
+
     def effective_config(self) -> dict[str, Any]:
         return {"ops": {"address": "x"}}
 
