@@ -160,6 +160,7 @@ class Publisher:
         self._prepared: dict[tuple[str, str], tuple[PoolKey | None, _native.PreparedObserved]] = {}
         self._desired: dict[PoolKey, _Desired] = {}
         self._unreadable: set[tuple[str, str]] = set()  # (name, resourceVersion), logged once
+        self._failing: dict[PoolKey, str] = {}  # pool -> last error, until a sync succeeds
         # Desired spec bytes -> the spec the server stored for it, when they differ (fields
         # behind disabled feature gates are dropped): planning against what the server keeps
         # stops an endless update loop.
@@ -188,6 +189,10 @@ class Publisher:
                 "pools": pools,
             }
         return out
+
+    def failing(self) -> dict[PoolKey, str]:
+        """Pools whose last sync failed (retrying with backoff), with the error."""
+        return dict(self._failing)
 
     def pending(self) -> int:
         """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
@@ -338,6 +343,13 @@ class Publisher:
             except KubeError as exc:
                 failed = True
                 metrics.SYNCS.labels("failed").inc()
+                if key not in self._failing and self._events is not None:
+                    # Once per failure streak: the operator looks at the Node's events.
+                    self._events.warn(
+                        "ResourceSliceSyncFailed",
+                        f"publishing pool {key[1]} of driver {key[0]} failed: {exc}",
+                    )
+                self._failing[key] = str(exc)
                 log.warning(
                     "resourceslice sync failed; retrying with backoff",
                     driver=key[0],
@@ -345,6 +357,8 @@ class Publisher:
                     error=str(exc),
                     failures=self._queue.failures(key) + 1,
                 )
+            else:
+                self._failing.pop(key, None)
             finally:
                 delay = self._queue.done(key, failed=failed)
                 if wait is not None:

@@ -131,6 +131,11 @@ class ResourcesComponent:
             return False, f"reading this node's slices ({acc.not_ready_reason()})"
         if not pub.synced:
             return False, "waiting for the first snapshot of this node's slices"
+        failing = pub.failing()
+        if failing:
+            (driver, pool), error = sorted(failing.items())[0]
+            more = f" (+{len(failing) - 1} more pools)" if len(failing) > 1 else ""
+            return False, f"writing pool {pool} of driver {driver} fails: {error}{more}"
         return True, f"{counts} desired, {pub.pending()} pools pending{problems}"
 
     def view(self) -> dict[str, Any]:
@@ -148,6 +153,10 @@ class ResourcesComponent:
                 "observed_complete": acc is not None and acc.bootstrapped,
                 "synced": pub is not None and pub.synced,
                 "pending_pools": pub.pending() if pub is not None else 0,
+                "failing_pools": [
+                    {"driver": d, "pool": p, "error": e}
+                    for (d, p), e in sorted((pub.failing() if pub is not None else {}).items())
+                ],
                 "not_ready_reason": acc.not_ready_reason() if acc is not None else "starting",
             }
         return doc

@@ -234,6 +234,27 @@ async def test_conflicts_are_retried_with_backoff(autojump_clock: Any) -> None:
         assert [c[0] for c in cluster.writes()].count("update") == 4
 
 
+async def test_failing_pool_is_reported_once_and_cleared_on_success(autojump_clock: Any) -> None:
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins, retry_backoff_initial=1.0) as pub:
+        plugins.send(inventory(3))
+        await settle()
+        assert pub.failing() == {}
+        cluster.faults = [Conflict(409, "Conflict", "stale") for _ in range(2)]
+        plugins.send(inventory(3, memory="1Gi"))
+        await settle()
+        assert pub.failing() == {(DRIVER, "node-a"): "409 Conflict: stale"}
+        await trio.sleep(1.5)  # the first retry fails too: still one Warning Event
+        assert pub.failing() == {(DRIVER, "node-a"): "409 Conflict: stale"}
+        warnings = [e for e in cluster.events if e["reason"] == "ResourceSliceSyncFailed"]
+        assert len(warnings) == 1
+        assert "pool node-a of driver gpu.example.com" in warnings[0]["message"]
+        await trio.sleep(3)  # the second retry succeeds
+        assert pub.failing() == {}
+        (obj,) = slices(cluster)
+        assert obj["spec"]["devices"][0]["capacity"]["memory"]["value"] == "1Gi"
+
+
 async def test_a_flapping_plugin_is_coalesced_and_the_latest_wins(autojump_clock: Any) -> None:
     cluster, plugins = FakeCluster(), Plugins()
     async with running(cluster, plugins):
