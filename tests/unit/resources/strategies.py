@@ -124,7 +124,7 @@ def semantic_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
 def changed_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
     out = draw(semantic_copy(spec))
     devices = out.get("devices") or []
-    change = draw(st.sampled_from(["reorder", "attr", "drop", "add", "time", "quantity"]))
+    change = draw(st.sampled_from(["reorder", "attr", "drop", "add", "time", "time2", "quantity"]))
     if change == "reorder" and len(devices) > 1:
         devices.reverse()
     elif change == "attr" and devices:
@@ -139,6 +139,11 @@ def changed_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
     elif change == "time" and devices:
         devices[0]["taints"] = [
             {"key": "example.com/t", "effect": "NoSchedule", "timeAdded": "2024-05-01T10:00:05Z"}
+        ]
+    elif change == "time2" and devices:
+        # Two seconds from the first spelling, one from the second: the tolerance's edge.
+        devices[0]["taints"] = [
+            {"key": "example.com/t", "effect": "NoSchedule", "timeAdded": "2024-05-01T10:00:02Z"}
         ]
     elif change == "quantity" and devices:
         devices[0]["capacity"] = {"mem": {"value": "1G"}}
@@ -186,7 +191,8 @@ def republished(draw: st.DrawFn, desired: list[Json]) -> list[Json]:
     gen = draw(st.integers(1, 3))
     observed = []
     for k, d in enumerate(desired):
-        fate = draw(st.sampled_from(["same", "same", "same", "changed", "gone"]))
+        # Changed slices are common enough that two of them (a generation bump) come up often.
+        fate = draw(st.sampled_from(["same", "same", "changed", "changed", "gone"]))
         if fate == "gone":
             continue
         spec = draw(semantic_copy(d) if fate == "same" else changed_copy(d))

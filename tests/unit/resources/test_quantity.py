@@ -149,7 +149,7 @@ def _rs(text: str) -> tuple[int, str] | str:
         return str(exc)
 
 
-@settings(max_examples=3000, deadline=None)
+@settings(max_examples=1500, deadline=None)
 @given(_text)
 def test_rust_parse_and_canonical_equal_python(text: str) -> None:
     assert _rs(text) == _py(text)
@@ -161,7 +161,7 @@ def test_rust_parse_and_canonical_equal_python(text: str) -> None:
         assert canonicalize(canon) == canon
 
 
-@settings(max_examples=1000, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(_grammar, _grammar)
 def test_rust_compare_equals_python(a: str, b: str) -> None:
     if isinstance(_py(a), str) or isinstance(_py(b), str):
