@@ -25,6 +25,8 @@ from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, slices_query_args
 from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.sdk.dra import Device as SdkDevice
+from nodeagent.sdk.dra import DevicePlugin
 from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import (
     NODE,
@@ -343,4 +345,75 @@ async def test_seed_plugin_written_with_grpcio(
             if process.returncode is None:
                 process.kill()
                 await process.wait()
+        nursery.cancel_scope.cancel()
+
+
+async def test_native_sdk_plugin_300_devices_and_zero_write_resends(
+    apiserver: ApiServer, admin: KubeClient, short_registry: str
+) -> None:
+    """A native-API plugin (the SDK over a unix socket, through the plugin manager): 300 devices
+    make one pool of 3 slices; re-sending the same inventory, or one equal up to quantity
+    spelling, is planned and writes nothing."""
+    driver = "sdk-native.example.com"
+
+    def devices(memory: str) -> list[SdkDevice]:
+        return [
+            SdkDevice(name=f"gpu-{i}", attributes={"index": i}, capacity={"memory": memory})
+            for i in range(300)
+        ]
+
+    unchanged = metrics.SYNCS.labels("unchanged")
+
+    async def resend(plugin: DevicePlugin, memory: str) -> None:
+        before = unchanged._value.get()
+        await plugin.publish(devices(memory))
+
+        async def planned() -> bool:
+            return unchanged._value.get() > before
+
+        await until(planned, "the re-sent inventory planned")
+
+    async with (
+        open_grpc_bridge() as bridge,
+        client_for(apiserver, NODE) as client,
+        trio.open_nursery() as nursery,
+    ):
+        manager = PluginManager(fast_settings(short_registry), bridge)
+        acc = Accumulator(client, [Query(**slices_query_args(NODE))])
+        pub = Publisher(
+            node_name=NODE,
+            inventories=manager.channel("DRAPlugin"),
+            settings=ResourcesSettings(startup_grace=0.2),
+            client=client,
+            slices=acc,
+        )
+        await nursery.start(manager.run)
+        await nursery.start(acc.run)
+        await nursery.start(pub.run)
+        async with DevicePlugin.serve(
+            name=driver, registry_dir=short_registry, bridge=bridge, pool="gpus"
+        ) as plugin:
+            await plugin.publish(devices("1024Mi"))
+
+            async def three() -> list[dict[str, Any]] | None:
+                items = [o for o in await node_slices(admin) if o["spec"]["driver"] == driver]
+                return items if len(items) == 3 else None
+
+            items = await until(three, "three slices")
+            for o in items:
+                assert o["spec"]["pool"] == {
+                    "name": "gpus",
+                    "generation": 1,
+                    "resourceSliceCount": 3,
+                }
+            assert sorted(len(o["spec"]["devices"]) for o in items) == [44, 128, 128]
+            assert items[0]["spec"]["devices"][0]["capacity"] == {"memory": {"value": "1Gi"}}
+            await quiet(pub)
+            writes = api_writes()
+            await resend(plugin, "1024Mi")
+            await resend(plugin, "1Gi")
+            await resend(plugin, "1073741824")
+            await quiet(pub)
+            assert api_writes() == writes
+            assert versions(await three() or []) == versions(items)
         nursery.cancel_scope.cancel()
