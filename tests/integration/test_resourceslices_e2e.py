@@ -76,7 +76,9 @@ async def test_seed_plugin_to_resourceslices(
         await nursery.start(manager.run)
         await nursery.start(acc.run)
         await nursery.start(pub.run)
-        async with DevicePlugin.serve(name=DRIVER, registry_dir=registry, bridge=bridge) as plugin:
+        async with DevicePlugin.serve(
+            name=DRIVER, registry_dir=registry, bridge=bridge, api="seed"
+        ) as plugin:
             await plugin.publish(devices("1024Mi"))
 
             async def published() -> list[dict[str, Any]] | None:
