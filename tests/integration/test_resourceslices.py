@@ -13,9 +13,11 @@ from typing import Any
 import msgspec
 import pytest
 import trio
+import trio.testing
 
 from nodeagent.accumulator import Accumulator, Query
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors
+from nodeagent.kube.metrics import WATCH_EVENTS
 from nodeagent.kube.models import Node
 from nodeagent.plugins.handler import PluginData
 from nodeagent.plugins.latest import LatestValue
@@ -181,8 +183,11 @@ async def test_publish_update_and_restart_without_writes(
 
     # A restart with the same plugin inventory makes no write at all.
     async with publisher(apiserver, plugins, startup_grace=2.0) as pub2:
+        started = trio.current_time()
         await quiet(pub2)
-        await trio.sleep(2.5)  # past the start-up grace: nothing may be deleted either
+        # The grace itself must pass (nothing may be deleted after it either).
+        await trio.sleep_until(started + 2.0)
+        await trio.testing.wait_all_tasks_blocked(0.05)
         await quiet(pub2)
         assert pub2.writes == 0
     after = {
@@ -274,6 +279,11 @@ async def test_fields_the_server_drops_cause_no_update_loop(
     )
     plugins = Plugins()
     plugins.send(inv)
+
+    def events() -> float:
+        return WATCH_EVENTS.labels("resourceslices")._value.get()
+
+    watched = events()
     async with publisher(apiserver, plugins) as pub:
 
         async def one() -> bool:
@@ -281,8 +291,18 @@ async def test_fields_the_server_drops_cause_no_update_loop(
 
         await until(one, "published")
         await quiet(pub)
-        # The watch echo of the create arrives after our own read-your-writes copy; give it
-        # time to come back and be planned against.
-        await trio.sleep(1.0)
+        # The watch echo of the create arrives after our own read-your-writes copy: wait for
+        # it, then for it to be planned against.
+        (stored,) = await node_slices(admin)
+
+        async def echoed() -> bool:
+            return events() > watched
+
+        await until(echoed, "the watch echo of the create")
+        await trio.testing.wait_all_tasks_blocked(0.05)
         await quiet(pub)
+        assert (
+            stored["metadata"]["resourceVersion"]
+            == (await node_slices(admin))[0]["metadata"]["resourceVersion"]
+        )
         assert pub.writes == 1
