@@ -265,7 +265,9 @@ async def test_another_nodes_slice_is_refused_and_reported(
         await until(reported_twice, "the refusal reported and retried")
         assert metrics.WRITES.labels("create", "error")._value.get() >= refused + 2
         assert API_REQUESTS.labels("create", "resourceslices", "403")._value.get() >= forbidden + 2
-        assert pub.pending() == 1  # still queued, backing off
+        # Reported for the ops endpoint too, with the server's refusal, and still retried.
+        (error,) = pub.failing().values()
+        assert "forbidden" in error.lower()
         nursery.cancel_scope.cancel()
     body = await admin.request(
         "GET", RESOURCESLICES.path(None), params={"fieldSelector": "spec.nodeName=node-b"}
