@@ -148,7 +148,9 @@ class Publisher:
             node_name, self._events.warn if self._events is not None else None
         )
         self._queue: WorkQueue[PoolKey] = WorkQueue(
-            self.settings.retry_backoff_initial, self.settings.retry_backoff_max
+            self.settings.retry_backoff_initial,
+            self.settings.retry_backoff_max,
+            self.settings.min_sync_interval,
         )
         self._started = 0.0
         self._node_uid = ""

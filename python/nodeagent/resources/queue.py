@@ -1,8 +1,12 @@
-"""A work queue keyed by pool: deduplicated, with per-key exponential backoff after failures.
+"""A work queue keyed by pool: deduplicated, rate-limited per key, with per-key exponential
+backoff after failures.
 
 Keys, not work items, are queued: a sync reads the newest desired and observed state when it
-runs, so any number of changes to a pool while it waits (a flapping plugin's storm) coalesce
-into one sync, and the latest inventory wins.
+runs, so any number of changes to a pool while it waits coalesce into one sync, and the latest
+inventory wins. A key runs at most once per `min_interval`: an isolated change runs at once, but
+a flapping plugin's storm is held back and coalesced instead of being written state by state
+(a sync takes a few milliseconds, so without the interval the worker would keep up with ~100
+updates/s and write nearly every one).
 """
 
 from __future__ import annotations
@@ -20,9 +24,13 @@ __all__ = ["WorkQueue"]
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, backoff_initial: float, backoff_max: float) -> None:
+    def __init__(
+        self, backoff_initial: float, backoff_max: float, min_interval: float = 0.0
+    ) -> None:
         self._initial = backoff_initial
         self._max = backoff_max
+        self._min_interval = min_interval
+        self._last_start: dict[K, float] = {}  # when each key's latest run started
         self._ready_at: dict[K, float] = {}  # queued keys and when they may run
         self._heap: list[tuple[float, int, K]] = []
         self._seq = 0
@@ -44,6 +52,9 @@ class WorkQueue(Generic[K]):
         if self._idle.is_set():
             self._idle = trio.Event()
         at = trio.current_time() + delay
+        last = self._last_start.get(key)
+        if last is not None:
+            at = max(at, last + self._min_interval)
         if self._ready_at.get(key, math.inf) <= at:
             return
         self._ready_at[key] = at
@@ -68,6 +79,8 @@ class WorkQueue(Generic[K]):
                 heapq.heappop(self._heap)
                 del self._ready_at[key]
                 self._processing.add(key)
+                if self._min_interval > 0:
+                    self._last_start[key] = now
                 return key
             self._wakeup = trio.Event()
             deadline = self._heap[0][0] if self._heap else math.inf
@@ -77,7 +90,7 @@ class WorkQueue(Generic[K]):
     def done(self, key: K, *, failed: bool = False) -> float | None:
         """The key's sync finished. A failure requeues it after its next backoff delay
         (doubling per consecutive failure; returned); a success resets the backoff. A key added
-        while it was processing runs again right away."""
+        while it was processing runs again, once its minimum interval has passed."""
         self._processing.discard(key)
         delay = None
         if failed:

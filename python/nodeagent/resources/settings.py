@@ -22,10 +22,13 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # (upstream workqueue: 5 ms .. 1000 s).
     retry_backoff_initial: float = 0.005
     retry_backoff_max: float = 1000.0
+    # Seconds between two syncs of one pool: an isolated change is written at once, a storm of
+    # changes (a flapping plugin) at most once per interval, the latest inventory winning.
+    min_sync_interval: float = 0.1
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
-        for name in ("disconnect_grace", "startup_grace"):
+        for name in ("disconnect_grace", "startup_grace", "min_sync_interval"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")

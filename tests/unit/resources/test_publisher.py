@@ -75,6 +75,8 @@ async def running(
     cluster: FakeCluster | None, plugins: Plugins, **settings: Any
 ) -> AsyncIterator[Publisher]:
     settings.setdefault("startup_grace", 30.0)
+    # Most tests look at one sync at a time; the rate limit has its own test.
+    settings.setdefault("min_sync_interval", 0.0)
     pub = Publisher(
         node_name="node-a",
         inventories=plugins.latest,
@@ -253,6 +255,24 @@ async def test_failing_pool_is_reported_once_and_cleared_on_success(autojump_clo
         assert pub.failing() == {}
         (obj,) = slices(cluster)
         assert obj["spec"]["devices"][0]["capacity"]["memory"]["value"] == "1Gi"
+
+
+async def test_a_storm_is_written_at_most_once_per_interval(autojump_clock: Any) -> None:
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins, min_sync_interval=1.0):
+        plugins.send(inventory(3))
+        await settle()
+        assert len(cluster.writes()) == 1  # an isolated change is written at once
+        # 100 updates/s for 3 s, each followed by a pause long enough for a sync to run.
+        for i in range(300):
+            plugins.send(inventory(3, memory=f"{i + 1}Gi"))
+            await trio.sleep(0.01)
+        await trio.sleep(1.0)
+        await settle()
+        updates = [c for c in cluster.writes() if c[0] == "update"]
+        assert 2 <= len(updates) <= 4  # one per second of storm, not one per update
+        (obj,) = slices(cluster)
+        assert obj["spec"]["devices"][0]["capacity"]["memory"]["value"] == "300Gi"
 
 
 async def test_a_flapping_plugin_is_coalesced_and_the_latest_wins(autojump_clock: Any) -> None:
