@@ -7,6 +7,7 @@
 //! equal canonical bytes mean equal content. The rules are listed in `semantic.rs`.
 
 use super::quantity;
+use crate::store::json::number_end;
 
 const MAX_DEPTH: usize = 128;
 
@@ -279,49 +280,17 @@ impl<'a> Reader<'a> {
 
     /// A number's text, validated.
     fn number(&mut self) -> Result<&'a str> {
-        let b = self.b;
         let start = self.pos;
-        let mut i = start;
-        if b.get(i) == Some(&b'-') {
-            i += 1;
-        }
-        match b.get(i) {
-            Some(b'0') => i += 1,
-            Some(b'1'..=b'9') => {
-                while b.get(i).is_some_and(u8::is_ascii_digit) {
-                    i += 1;
-                }
+        match number_end(self.b, start) {
+            Ok(end) => {
+                self.pos = end;
+                Ok(&self.text[start..end])
             }
-            _ => {
-                self.pos = i;
-                return self.err("bad number");
+            Err((at, what)) => {
+                self.pos = at;
+                self.err(what)
             }
         }
-        if b.get(i) == Some(&b'.') {
-            i += 1;
-            if !b.get(i).is_some_and(u8::is_ascii_digit) {
-                self.pos = i;
-                return self.err("bad fraction");
-            }
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
-        }
-        if matches!(b.get(i), Some(b'e' | b'E')) {
-            i += 1;
-            if matches!(b.get(i), Some(b'+' | b'-')) {
-                i += 1;
-            }
-            if !b.get(i).is_some_and(u8::is_ascii_digit) {
-                self.pos = i;
-                return self.err("bad exponent");
-            }
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
-        }
-        self.pos = i;
-        Ok(&self.text[start..i])
     }
 
     fn literal(&mut self, word: &[u8]) -> Result<()> {

@@ -154,48 +154,16 @@ impl<'a> Scanner<'a> {
     }
 
     fn number(&mut self) -> Result<()> {
-        let b = self.buf;
-        let mut i = self.pos;
-        if b.get(i) == Some(&b'-') {
-            i += 1;
-        }
-        match b.get(i) {
-            Some(b'0') => i += 1,
-            Some(b'1'..=b'9') => {
-                while b.get(i).is_some_and(u8::is_ascii_digit) {
-                    i += 1;
-                }
+        match number_end(self.buf, self.pos) {
+            Ok(end) => {
+                self.pos = end;
+                Ok(())
             }
-            _ => {
-                self.pos = i;
-                return self.err("bad number");
+            Err((at, what)) => {
+                self.pos = at;
+                self.err(what)
             }
         }
-        if b.get(i) == Some(&b'.') {
-            i += 1;
-            if !b.get(i).is_some_and(u8::is_ascii_digit) {
-                self.pos = i;
-                return self.err("bad fraction");
-            }
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
-        }
-        if matches!(b.get(i), Some(b'e' | b'E')) {
-            i += 1;
-            if matches!(b.get(i), Some(b'+' | b'-')) {
-                i += 1;
-            }
-            if !b.get(i).is_some_and(u8::is_ascii_digit) {
-                self.pos = i;
-                return self.err("bad exponent");
-            }
-            while b.get(i).is_some_and(u8::is_ascii_digit) {
-                i += 1;
-            }
-        }
-        self.pos = i;
-        Ok(())
     }
 
     /// An integer value (for Status.code); other numbers are rejected.
@@ -353,6 +321,46 @@ impl<'a> Scanner<'a> {
 /// Whether every byte is ASCII (then the buffer is UTF-8 without a closer look): most
 /// Kubernetes objects are, and this is cheaper than a general UTF-8 check.
 #[inline]
+/// Where the JSON number starting at `i` ends (RFC 8259 grammar), or where and why it is invalid.
+/// Shared by the watch store's scanner and the planner's canonicaliser.
+pub(crate) fn number_end(
+    b: &[u8],
+    mut i: usize,
+) -> std::result::Result<usize, (usize, &'static str)> {
+    let digits = |mut i: usize| {
+        while b.get(i).is_some_and(u8::is_ascii_digit) {
+            i += 1;
+        }
+        i
+    };
+    if b.get(i) == Some(&b'-') {
+        i += 1;
+    }
+    match b.get(i) {
+        Some(b'0') => i += 1,
+        Some(b'1'..=b'9') => i = digits(i),
+        _ => return Err((i, "bad number")),
+    }
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        if !b.get(i).is_some_and(u8::is_ascii_digit) {
+            return Err((i, "bad fraction"));
+        }
+        i = digits(i);
+    }
+    if matches!(b.get(i), Some(b'e' | b'E')) {
+        i += 1;
+        if matches!(b.get(i), Some(b'+' | b'-')) {
+            i += 1;
+        }
+        if !b.get(i).is_some_and(u8::is_ascii_digit) {
+            return Err((i, "bad exponent"));
+        }
+        i = digits(i);
+    }
+    Ok(i)
+}
+
 fn is_ascii(buf: &[u8]) -> bool {
     let mut chunks = buf.chunks_exact(64);
     let mut acc = 0u64;

@@ -1,6 +1,6 @@
 //! `nodeagent._native.Store`: one query's objects, fed raw watch bytes and List pages.
 
-mod json;
+pub(crate) mod json;
 mod keymap;
 mod parse;
 pub mod pmap;
