@@ -10,7 +10,6 @@ The objects/s of each and the speed-up ratio are printed at the end of the run.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from benches.report import print_uncaptured
 from nodeagent.kube.models import ConfigMap, ListMeta
 
 LIST_OBJECTS = 10_000
@@ -98,9 +98,7 @@ results: dict[str, float] = {}
 @pytest.fixture(scope="module", autouse=True)
 def _report(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        _print_ratios(print)
+    print_uncaptured(request, _print_ratios)
 
 
 def _print_ratios(write: Callable[[str], None]) -> None:

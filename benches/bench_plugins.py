@@ -33,6 +33,7 @@ import trio_asyncio
 from grpclib.client import Channel
 from grpclib.server import Server, Stream
 
+from benches.report import print_uncaptured
 from nodeagent.plugins import PluginManager, PluginSettings, open_grpc_bridge
 from nodeagent.plugins.reporter import validate_report
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
@@ -250,9 +251,7 @@ def directory() -> Iterator[str]:
 @pytest.fixture(scope="module", autouse=True)
 def _report(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        _print_ratios(print)
+    print_uncaptured(request, _print_ratios)
 
 
 def _print_ratios(write: Callable[[str], None]) -> None:

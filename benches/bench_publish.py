@@ -34,9 +34,9 @@ import pytest
 import trio
 import trio.testing
 
+from benches.report import print_uncaptured
 from nodeagent.accumulator import Accumulator, Query
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors, load_kubeconfig
-from nodeagent.kube.watch import FeedResult
 from nodeagent.plugins import PluginManager, open_grpc_bridge
 from nodeagent.resources.publisher import Publisher, slices_query_args
 from nodeagent.resources.settings import ResourcesSettings
@@ -46,6 +46,7 @@ from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN as GRPCIO_PLUGIN
 from tests.plugins.test_grpcio_wire import grpcio_modules
 from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.watch import EventSink
 
 NODE = "node-a"
 DEVICES = 8  # per plugin: one slice each
@@ -68,58 +69,28 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-class Visible:
+class Visible(EventSink):
     """Watch sink: the newest `seq` attribute seen per driver, and when it arrived."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.seq: dict[str, int] = {}
         self.devices: dict[str, int] = {}
         self.at: dict[str, float] = {}
-        self.listed = trio.Event()
-        self._changed = trio.Event()
-        self._buffer = b""
 
-    async def begin_list(self) -> None:
-        pass
-
-    async def list_page(self, page: bytes) -> None:
-        pass
-
-    async def end_list(self, resource_version: str) -> None:
-        self.listed.set()
-
-    async def feed(self, chunk: bytes) -> FeedResult:
-        now = time.perf_counter()
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        rv = None
-        for line in lines:
-            if not line.strip():
-                continue
-            event = msgspec.json.decode(line)
-            obj = event["object"]
-            rv = obj["metadata"].get("resourceVersion", rv)
-            if event["type"] not in ("ADDED", "MODIFIED"):
-                continue
-            driver, devices = obj["spec"]["driver"], obj["spec"].get("devices") or []
-            self.devices[driver] = len(devices)
-            seq = (
-                (devices[0].get("attributes") or {}).get("seq", {}).get("int") if devices else None
-            )
-            if seq is not None and seq > self.seq.get(driver, -1):
-                self.seq[driver], self.at[driver] = seq, now
-        if lines:
-            self._changed.set()
-            self._changed = trio.Event()
-        return FeedResult(rv, None, len(lines))
-
-    async def end_stream(self) -> None:
-        self._buffer = b""
+    def on_event(self, type: str, obj: dict[str, Any]) -> None:
+        if type not in ("ADDED", "MODIFIED"):
+            return
+        driver, devices = obj["spec"]["driver"], obj["spec"].get("devices") or []
+        self.devices[driver] = len(devices)
+        seq = (devices[0].get("attributes") or {}).get("seq", {}).get("int") if devices else None
+        if seq is not None and seq > self.seq.get(driver, -1):
+            self.seq[driver], self.at[driver] = seq, self.received_at
 
     async def until(self, check: Callable[[], bool]) -> None:
         with trio.fail_after(TIMEOUT):
             while not check():
-                await self._changed.wait()
+                await self.arrived.wait()
 
 
 async def prepare(admin: KubeClient) -> None:
@@ -352,9 +323,7 @@ def registry() -> Iterator[str]:
 @pytest.fixture(scope="module", autouse=True)
 def _report(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
-        print_results(print)
+    print_uncaptured(request, print_results)
 
 
 def print_results(write: Callable[[str], None]) -> None:

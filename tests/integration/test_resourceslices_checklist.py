@@ -20,7 +20,6 @@ import trio.testing
 from nodeagent.accumulator import Accumulator, Query
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors
 from nodeagent.kube.metrics import API_REQUESTS
-from nodeagent.kube.watch import FeedResult
 from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, slices_query_args
@@ -42,6 +41,7 @@ from tests.integration.test_resourceslices import (
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN, grpcio_modules
 from tests.support.apiserver import ApiServer
+from tests.support.watch import EventSink
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin", "grpcio_modules"]  # fixtures, re-used
@@ -74,42 +74,16 @@ def versions(items: list[dict[str, Any]]) -> dict[str, str]:
     return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
 
 
-class SliceEvents:
+class SliceEvents(EventSink):
     """A raw watch sink keeping every ResourceSlice event in arrival order."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.events: list[tuple[str, dict[str, Any]]] = []
-        self.listed = trio.Event()
-        self.arrived = trio.Event()
-        self._buffer = b""
 
-    async def begin_list(self) -> None:
-        pass
-
-    async def list_page(self, page: bytes) -> None:
-        pass
-
-    async def end_list(self, resource_version: str) -> None:
-        self.listed.set()
-
-    async def feed(self, chunk: bytes) -> FeedResult:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
-        rv = None
-        for line in lines:
-            if not line.strip():
-                continue
-            event = msgspec.json.decode(line)
-            rv = event["object"]["metadata"].get("resourceVersion", rv)
-            if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
-                self.events.append((event["type"], event["object"]))
-        if lines:
-            self.arrived.set()
-            self.arrived = trio.Event()
-        return FeedResult(rv, None, len(lines))
-
-    async def end_stream(self) -> None:
-        self._buffer = b""
+    def on_event(self, type: str, obj: dict[str, Any]) -> None:
+        if type in ("ADDED", "MODIFIED", "DELETED"):
+            self.events.append((type, obj))
 
 
 async def test_exact_update_scope_300_devices_and_the_generation_bump(
