@@ -11,14 +11,13 @@ Both kinds of message go to the same latest-value channel; consumers tell them a
 
 from __future__ import annotations
 
-import re
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from google.protobuf.message import Message
 
 from nodeagent.plugins.bridge import GrpcChannel, ServerStream
-from nodeagent.plugins.dra_native import QUANTITY, validate_inventory_message
+from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import (
     InvalidMessage,
     PluginEndpoint,
@@ -27,14 +26,11 @@ from nodeagent.plugins.handler import (
 )
 from nodeagent.plugins.versions import dra_api, highest_supported_version
 from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
-from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
 
 __all__ = ["DRA_PLUGIN_TYPE", "DraHandler", "validate_resources"]
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
-
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 class DraHandler(StreamingHandler[Message]):
@@ -93,37 +89,11 @@ class DraHandler(StreamingHandler[Message]):
 
 
 def validate_resources(message: api_pb2.NodeListAndWatchResourcesResponse) -> None:
-    """The rules a ResourceModel list must follow before it may be published."""
-    instance_names: set[str] = set()
+    """The shape a ResourceModel list must have to be read at all.
+
+    Only the structure is checked here: names and attribute values are judged one device or one
+    attribute at a time when the message is converted, so one bad entry never hides the rest.
+    """
     for i, model in enumerate(message.resources):
-        where = f"resources[{i}]"
         if not model.HasField("namedResources"):
-            raise InvalidMessage(f"{where}: exactly one model must be set (namedResources)")
-        for j, instance in enumerate(model.namedResources.instances):
-            here = f"{where}.namedResources.instances[{j}]"
-            if not _DNS_SUBDOMAIN.match(instance.name) or len(instance.name) > 253:
-                raise InvalidMessage(f"{here}.name: {instance.name!r}: must be a DNS subdomain")
-            if instance.name in instance_names:
-                raise InvalidMessage(f"{here}.name: {instance.name!r}: duplicate instance name")
-            instance_names.add(instance.name)
-            attribute_names: set[str] = set()
-            for k, attribute in enumerate(instance.attributes):
-                at = f"{here}.attributes[{k}]"
-                if not attribute.name:
-                    raise InvalidMessage(f"{at}.name: must not be empty")
-                if attribute.name in attribute_names:
-                    raise InvalidMessage(f"{at}.name: {attribute.name!r}: duplicate attribute")
-                attribute_names.add(attribute.name)
-                _validate_value(at, attribute.attributeValue)
-
-
-def _validate_value(at: str, value: v1alpha2.NamedResourcesAttributeValue) -> None:
-    fields = value.ListFields()
-    if len(fields) != 1:
-        raise InvalidMessage(
-            f"{at}.attributeValue: exactly one value must be set, got {len(fields)}"
-        )
-    if value.HasField("quantity") and not QUANTITY.match(value.quantity.string):
-        raise InvalidMessage(
-            f"{at}.attributeValue.quantity: {value.quantity.string!r}: not a valid quantity"
-        )
+            raise InvalidMessage(f"resources[{i}]: exactly one model must be set (namedResources)")

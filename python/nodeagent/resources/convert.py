@@ -2,15 +2,18 @@
 
 - Native (`nodeagent.device.v1alpha1`): one-to-one onto v1 devices.
 - Seed (`v1alpha3.Node/NodeListAndWatchResources`): named-resource instances become devices of one
-  pool named after the node; bool/int/string/version attributes become device attributes,
-  quantity attributes capacity. v1 has no list-valued attributes, so int and string slices are
-  dropped per attribute and reported, and the rest of the device is published.
+  pool named after the node (none when there are no instances); instance names become DNS labels
+  (`seed_device_name`); bool/int/string/version attributes become device attributes, quantity
+  attributes capacity. What v1 cannot hold (int and string slices, an attribute without exactly
+  one value, a name with no v1 form) is dropped on its own and reported: one attribute, or one
+  device, never the whole inventory.
 
-Conversion never validates: `model.validate_inventory` does, on the converted inventory.
+Native conversion never validates: `model.validate_inventory` does, on the converted inventory.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -27,18 +30,25 @@ from nodeagent.resources.model import (
     DeviceTaint,
     Inventory,
     Pool,
+    attribute_errors,
+    capacity_errors,
+    is_dns_label,
+    is_dns_subdomain,
 )
 
 
 @dataclass(frozen=True, slots=True)
-class AttributeRejection:
-    """A seed attribute that cannot be published; the rest of its device is."""
+class SeedRejection:
+    """Part of a seed message that cannot be published: one attribute (the rest of its device is
+    published) or, when `attribute` is None, one whole device (the rest of the inventory is)."""
 
     device: str
-    attribute: str
+    attribute: str | None
     rule: str
 
     def __str__(self) -> str:
+        if self.attribute is None:
+            return f"device {self.device!r}: {self.rule}"
         return f"device {self.device!r}: attribute {self.attribute!r}: {self.rule}"
 
 
@@ -95,48 +105,103 @@ def from_native(driver: str, message: device_pb2.Inventory) -> Inventory:
 
 _SLICE_RULE = "{kind} slices have no resource.k8s.io/v1 equivalent; the attribute is not published"
 
+# Room for "-" and the 8 hex digits of the name's hash in a 63-character DNS label.
+_MAPPED_PREFIX = 63 - 9
+
+
+def seed_device_name(instance_name: str) -> str | None:
+    """The v1 device name of a seed instance name, or None when it cannot have one.
+
+    Seed names are DNS subdomains (`gpu.0`), v1 names DNS labels. A label is kept as it is; any
+    other subdomain becomes its dots turned to dashes, cut to 54 characters, then `-` and the first
+    8 hex digits of the SHA-256 of the original name. The hash keeps the mapping a pure function of
+    the name (stable across restarts, plugins and agents) and keeps `gpu.0` apart from a device
+    really named `gpu-0`.
+    """
+    if is_dns_label(instance_name):
+        return instance_name
+    if not is_dns_subdomain(instance_name):
+        return None
+    digest = hashlib.sha256(instance_name.encode()).hexdigest()[:8]
+    prefix = instance_name.replace(".", "-")[:_MAPPED_PREFIX].rstrip("-")
+    return f"{prefix}-{digest}"
+
+
+def _seed_value(
+    name: str, v: v1alpha2.NamedResourcesAttributeValue
+) -> DeviceAttribute | DeviceCapacity | str:
+    """The v1 form of one seed attribute value, or the rule that keeps it from being published."""
+    set_fields = [f.name for f, _ in v.ListFields()]
+    if len(set_fields) != 1:
+        return f"exactly one value must be set, got {len(set_fields)}"
+    value: DeviceAttribute | DeviceCapacity
+    match set_fields[0]:
+        case "bool":
+            value = DeviceAttribute(bool_=v.bool)
+        case "int":
+            value = DeviceAttribute(int_=v.int)
+        case "string":
+            value = DeviceAttribute(string=v.string)
+        case "version":
+            value = DeviceAttribute(version=v.version)
+        case "quantity":
+            value = DeviceCapacity(value=v.quantity.string)
+        case "intSlice":
+            return _SLICE_RULE.format(kind="int")
+        case "stringSlice":
+            return _SLICE_RULE.format(kind="string")
+        case other:
+            return f"unknown value field {other!r}"
+    if isinstance(value, DeviceCapacity):
+        errors = capacity_errors(name, value)
+    else:
+        errors = attribute_errors(name, value)
+    return "; ".join(errors) if errors else value
+
 
 def _seed_device(
-    instance: v1alpha2.NamedResourcesInstance, rejections: list[AttributeRejection]
+    instance: v1alpha2.NamedResourcesInstance, name: str, rejections: list[SeedRejection]
 ) -> Device:
     attributes: dict[str, DeviceAttribute] = {}
     capacity: dict[str, DeviceCapacity] = {}
     for a in instance.attributes:
-        v = a.attributeValue
-        set_fields = [f.name for f, _ in v.ListFields()]
-        if len(set_fields) != 1:
-            rule = f"exactly one value must be set, got {len(set_fields)}"
-            rejections.append(AttributeRejection(instance.name, a.name, rule))
+        if a.name in attributes or a.name in capacity:
+            rejections.append(SeedRejection(instance.name, a.name, "duplicate attribute name"))
             continue
-        match set_fields[0]:
-            case "bool":
-                attributes[a.name] = DeviceAttribute(bool_=v.bool)
-            case "int":
-                attributes[a.name] = DeviceAttribute(int_=v.int)
-            case "string":
-                attributes[a.name] = DeviceAttribute(string=v.string)
-            case "version":
-                attributes[a.name] = DeviceAttribute(version=v.version)
-            case "quantity":
-                capacity[a.name] = DeviceCapacity(value=v.quantity.string)
-            case "intSlice":
-                rule = _SLICE_RULE.format(kind="int")
-                rejections.append(AttributeRejection(instance.name, a.name, rule))
-            case "stringSlice":
-                rule = _SLICE_RULE.format(kind="string")
-                rejections.append(AttributeRejection(instance.name, a.name, rule))
-    return Device(name=instance.name, attributes=attributes, capacity=capacity)
+        value = _seed_value(a.name, a.attributeValue)
+        if isinstance(value, str):
+            rejections.append(SeedRejection(instance.name, a.name, value))
+        elif isinstance(value, DeviceCapacity):
+            capacity[a.name] = value
+        else:
+            attributes[a.name] = value
+    return Device(name=name, attributes=attributes, capacity=capacity)
 
 
 def from_seed(
     driver: str, pool_name: str, message: api_pb2.NodeListAndWatchResourcesResponse
-) -> tuple[Inventory, list[AttributeRejection]]:
-    """The seed message as one pool (named after the node, as node-local pools are), and the
-    attributes that had to be dropped."""
-    rejections: list[AttributeRejection] = []
-    devices = [
-        _seed_device(instance, rejections)
-        for model in message.resources
-        for instance in model.namedResources.instances
-    ]
-    return Inventory(driver=driver, pools=[Pool(name=pool_name, devices=devices)]), rejections
+) -> tuple[Inventory, list[SeedRejection]]:
+    """The seed message as one pool (named after the node, as node-local pools are), and what
+    had to be left out of it: single attributes, or whole devices whose name has no v1 form.
+
+    The first instance of a name wins; a later duplicate (or a name mapping onto one already
+    used) is rejected on its own. No instances at all means no pool, hence no slices.
+    """
+    rejections: list[SeedRejection] = []
+    devices: list[Device] = []
+    used: set[str] = set()
+    for model in message.resources:
+        for instance in model.namedResources.instances:
+            name = seed_device_name(instance.name)
+            if name is None:
+                rule = "name must be a DNS subdomain (lowercase alphanumerics, '-', '.'; <= 253)"
+                rejections.append(SeedRejection(instance.name, None, rule))
+                continue
+            if name in used:
+                rule = f"device name {name!r} is already used by another instance"
+                rejections.append(SeedRejection(instance.name, None, rule))
+                continue
+            used.add(name)
+            devices.append(_seed_device(instance, name, rejections))
+    pools = [Pool(name=pool_name, devices=devices)] if devices else []
+    return Inventory(driver=driver, pools=pools), rejections

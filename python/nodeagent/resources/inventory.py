@@ -71,10 +71,15 @@ class InventoryTracker:
             elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
                 inventory, rejected = from_seed(driver, self.node_name, message)
                 for r in rejected:
-                    metrics.ATTRIBUTES_REJECTED.labels(driver).inc()
-                    self._report("ResourceAttributeNotPublished", f"plugin {driver!r}: {r}")
+                    whole_device = r.attribute is None
+                    what = "Device" if whole_device else "Attribute"
+                    counter = (
+                        metrics.DEVICES_REJECTED if whole_device else metrics.ATTRIBUTES_REJECTED
+                    )
+                    counter.labels(driver).inc()
+                    self._report(f"Resource{what}NotPublished", f"plugin {driver!r}: {r}")
                     log.warning(
-                        "plugin attribute not published",
+                        f"plugin {what.lower()} not published",
                         driver=driver,
                         device=r.device,
                         attribute=r.attribute,

@@ -32,8 +32,14 @@ INVENTORIES_REJECTED = Counter(
 )
 ATTRIBUTES_REJECTED = Counter(
     "nodeagent_resourceslice_attributes_rejected_total",
-    "Seed-API attributes dropped because resource.k8s.io/v1 cannot express them (int and "
-    "string slices).",
+    "Seed-API attributes dropped (the rest of the device published): int and string slices, "
+    "which resource.k8s.io/v1 cannot express, and values breaking a v1 attribute rule.",
+    ["driver"],
+)
+DEVICES_REJECTED = Counter(
+    "nodeagent_resourceslice_devices_rejected_total",
+    "Seed-API instances dropped (the rest of the inventory published): a name with no v1 device "
+    "name, or one already used by another instance.",
     ["driver"],
 )
 DROPPED_FIELDS = Counter(

@@ -191,6 +191,34 @@ def _quantity(where: str, value: str, errors: list[str]) -> None:
         errors.append(f"{where}: {exc}")
 
 
+def attribute_errors(name: str, attr: DeviceAttribute) -> list[str]:
+    """What is wrong with one device attribute on its own (empty when it may be published)."""
+    errors: list[str] = []
+    if not is_qualified_name(name):
+        errors.append("name must be a C identifier (<= 32) or domain/identifier")
+    values = [v for v in (attr.int_, attr.bool_, attr.string, attr.version) if v is not None]
+    if len(values) != 1:
+        errors.append("exactly one of int, bool, string, version must be set")
+    for text in (attr.string, attr.version):
+        if text is not None and len(text) > MAX_ATTRIBUTE_STRING:
+            errors.append(f"longer than {MAX_ATTRIBUTE_STRING} characters")
+    if attr.version is not None and not _SEMVER.fullmatch(attr.version):
+        errors.append(f"version {attr.version!r} is not semantic versioning 2.0.0")
+    return errors
+
+
+def capacity_errors(name: str, cap: DeviceCapacity) -> list[str]:
+    """What is wrong with one device capacity on its own (empty when it may be published)."""
+    errors: list[str] = []
+    if not is_qualified_name(name):
+        errors.append("name must be a C identifier (<= 32) or domain/identifier")
+    try:
+        canonicalize(cap.value)
+    except QuantityError as exc:
+        errors.append(str(exc))
+    return errors
+
+
 def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> None:
     at = f"device {d.name!r}"
     if not is_dns_label(d.name):
@@ -202,23 +230,11 @@ def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> 
         )
     for name, attr in d.attributes.items():
         here = f"{at}: attribute {name!r}"
-        if not is_qualified_name(name):
-            errors.append(f"{here}: name must be a C identifier (<= 32) or domain/identifier")
+        errors.extend(f"{here}: {e}" for e in attribute_errors(name, attr))
         if name in d.capacity:
             errors.append(f"{here}: name is also used by a capacity")
-        values = [v for v in (attr.int_, attr.bool_, attr.string, attr.version) if v is not None]
-        if len(values) != 1:
-            errors.append(f"{here}: exactly one of int, bool, string, version must be set")
-        for text in (attr.string, attr.version):
-            if text is not None and len(text) > MAX_ATTRIBUTE_STRING:
-                errors.append(f"{here}: longer than {MAX_ATTRIBUTE_STRING} characters")
-        if attr.version is not None and not _SEMVER.fullmatch(attr.version):
-            errors.append(f"{here}: version {attr.version!r} is not semantic versioning 2.0.0")
     for name, cap in d.capacity.items():
-        here = f"{at}: capacity {name!r}"
-        if not is_qualified_name(name):
-            errors.append(f"{here}: name must be a C identifier (<= 32) or domain/identifier")
-        _quantity(here, cap.value, errors)
+        errors.extend(f"{at}: capacity {name!r}: {e}" for e in capacity_errors(name, cap))
     if len(d.taints) > MAX_TAINTS:
         errors.append(f"{at}: {len(d.taints)} taints, at most {MAX_TAINTS} allowed")
     for i, taint in enumerate(d.taints):

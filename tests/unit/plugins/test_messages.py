@@ -97,51 +97,36 @@ def _devices(*instances: dict[str, object]) -> dra.NodeListAndWatchResourcesResp
     )
 
 
+def test_a_model_without_named_resources_is_refused() -> None:
+    with pytest.raises(InvalidMessage, match=r"resources\[0\]: exactly one model"):
+        validate_resources(dra.NodeListAndWatchResourcesResponse(resources=[{}]))
+
+
 @pytest.mark.parametrize(
-    ("message", "error"),
+    "message",
     [
-        (dra.NodeListAndWatchResourcesResponse(resources=[{}]), "exactly one model"),
-        (_devices({"name": ""}), "must be a DNS subdomain"),
-        (_devices({"name": "GPU_0"}), "'GPU_0': must be a DNS subdomain"),
-        (_devices({"name": "a"}, {"name": "a"}), "duplicate instance name"),
-        (_devices({"name": "a", "attributes": [{"name": ""}]}), "attributes\\[0\\].name"),
-        (
-            _devices({"name": "a", "attributes": [{"name": "x", "attributeValue": {}}]}),
-            "exactly one value must be set, got 0",
+        _devices({"name": ""}),
+        _devices({"name": "GPU_0"}),
+        _devices({"name": "a"}, {"name": "a"}),
+        _devices({"name": "a", "attributes": [{"name": ""}]}),
+        _devices({"name": "a", "attributes": [{"name": "x", "attributeValue": {}}]}),
+        _devices(
+            {"name": "a", "attributes": [{"name": "x", "attributeValue": {"int": 1, "bool": True}}]}
         ),
-        (
-            _devices(
-                {
-                    "name": "a",
-                    "attributes": [{"name": "x", "attributeValue": {"int": 1, "bool": True}}],
-                }
-            ),
-            "exactly one value must be set, got 2",
-        ),
-        (
-            _devices(
-                {"name": "a", "attributes": [{"name": "x", "attributeValue": {"int": 1}}] * 2}
-            ),
-            "duplicate attribute",
-        ),
-        (
-            _devices(
-                {
-                    "name": "a",
-                    "attributes": [
-                        {"name": "m", "attributeValue": {"quantity": {"string": "lots"}}}
-                    ],
-                }
-            ),
-            "'lots': not a valid quantity",
+        _devices({"name": "a", "attributes": [{"name": "x", "attributeValue": {"int": 1}}] * 2}),
+        _devices(
+            {
+                "name": "a",
+                "attributes": [{"name": "m", "attributeValue": {"quantity": {"string": "x"}}}],
+            }
         ),
     ],
 )
-def test_invalid_device_lists_are_refused_naming_the_field(
-    message: dra.NodeListAndWatchResourcesResponse, error: str
+def test_bad_devices_and_attributes_do_not_refuse_the_whole_message(
+    message: dra.NodeListAndWatchResourcesResponse,
 ) -> None:
-    with pytest.raises(InvalidMessage, match=error):
-        validate_resources(message)
+    # Judged one device / one attribute at a time by the seed conversion instead.
+    validate_resources(message)
 
 
 def test_unsupported_sdk_attribute_type_is_a_type_error() -> None:
