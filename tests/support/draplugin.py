@@ -1,0 +1,269 @@
+"""The seed-era DRA plugin built from the upstream Go helper, for tests.
+
+Standard library only. The Go side lives in ``tests/draplugin`` (one binary, ``draplugin``,
+built with ``k8s.io/dynamic-resource-allocation/kubeletplugin`` v0.30 unchanged); it is built by
+``tests/draplugin/build.sh`` into a cache directory keyed by the hash of its sources, so only the
+first run on a machine pays for the build, and a test that needs it builds it on demand.
+
+It registers the way real 1.30 drivers did: ``<registry>/<driver>-reg.sock`` for registration,
+``<plugins>/<driver>/dra.sock`` for the v1alpha3 ``Node`` service, a directory of its own outside
+the registry. Typical use::
+
+    dirs = kubelet_dirs()  # /tmp/na-dra-XXXX/{plugins_registry,plugins}
+    plugin = DraPlugin.start("gpu.example.com", dirs, [named_resources(instance("gpu.0", ...))])
+    plugin.update([...])  # rewrites the inventory file, SIGHUP, waits until it is re-read
+    assert plugin.stop() == 0  # SIGTERM: both sockets are removed, exit status 0
+
+Environment:
+    NODEAGENT_DRAPLUGIN_BIN    use this binary instead of building one
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+__all__ = [
+    "DraPlugin",
+    "DraPluginBuildError",
+    "KubeletDirs",
+    "build_draplugin",
+    "instance",
+    "kubelet_dirs",
+    "named_resources",
+]
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD_SH = REPO_ROOT / "tests" / "draplugin" / "build.sh"
+START_TIMEOUT = 30.0
+STOP_TIMEOUT = 15.0
+RELOADED = "SIGHUP: inventory reloaded"
+
+
+class DraPluginBuildError(RuntimeError):
+    """build.sh failed; the message carries its output."""
+
+
+_build_lock = threading.Lock()
+_built: pathlib.Path | None = None
+
+
+def build_draplugin() -> pathlib.Path:
+    """Run tests/draplugin/build.sh (a no-op when cached); return the binary path."""
+    global _built
+    override = os.environ.get("NODEAGENT_DRAPLUGIN_BIN")
+    if override:
+        path = pathlib.Path(override)
+        if not os.access(path, os.X_OK):
+            raise DraPluginBuildError(f"NODEAGENT_DRAPLUGIN_BIN={override} is not an executable")
+        return path
+    with _build_lock:
+        if _built is not None and _built.exists():
+            return _built
+        env = dict(os.environ)
+        if shutil.which("go", path=env.get("PATH")) is None and os.access(
+            "/usr/local/go/bin/go", os.X_OK
+        ):
+            env["PATH"] = "/usr/local/go/bin" + os.pathsep + env.get("PATH", "")
+        proc = subprocess.run(
+            ["bash", str(BUILD_SH)],
+            cwd=BUILD_SH.parent,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
+        if proc.returncode != 0 or not lines:
+            raise DraPluginBuildError(
+                f"{BUILD_SH} failed (exit {proc.returncode})\n"
+                f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+            )
+        path = pathlib.Path(lines[-1].strip())
+        if not os.access(path, os.X_OK):
+            raise DraPluginBuildError(f"{BUILD_SH} printed {path}, which is not an executable")
+        _built = path
+        return path
+
+
+# --------------------------------------------------------------------------
+# inventories (resource.k8s.io/v1alpha2 ResourceModel, as JSON)
+
+
+def instance(
+    name: str, attributes: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One named-resources instance; `attributes` maps a name to its value in the v1alpha2 JSON
+    form, e.g. ``{"index": {"int": 0}, "memory": {"quantity": "40Gi"},
+    "numa": {"intSlice": {"ints": [0, 1]}}}``."""
+    return {
+        "name": name,
+        "attributes": [{"name": key, **value} for key, value in (attributes or {}).items()],
+    }
+
+
+def named_resources(*instances: Mapping[str, Any]) -> dict[str, Any]:
+    """One ResourceModel of the named-resources kind."""
+    return {"namedResources": {"instances": list(instances)}}
+
+
+# --------------------------------------------------------------------------
+# the plugin process
+
+
+@dataclass(frozen=True)
+class KubeletDirs:
+    """A kubelet-like tree: ``root/plugins_registry`` and ``root/plugins`` (both exist)."""
+
+    root: pathlib.Path
+
+    @property
+    def registry(self) -> pathlib.Path:
+        return self.root / "plugins_registry"
+
+    @property
+    def plugins(self) -> pathlib.Path:
+        return self.root / "plugins"
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+def kubelet_dirs(prefix: str = "na-dra-") -> KubeletDirs:
+    """A fresh tree under /tmp: unix socket paths are limited to 107 bytes, which pytest's
+    tmp_path can exceed."""
+    dirs = KubeletDirs(pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")))
+    dirs.registry.mkdir()
+    dirs.plugins.mkdir()
+    return dirs
+
+
+class DraPlugin:
+    """A running ``draplugin`` process; its stderr goes to ``log_path``."""
+
+    def __init__(
+        self,
+        driver: str,
+        dirs: KubeletDirs,
+        inventory_path: pathlib.Path,
+        log_path: pathlib.Path,
+        proc: subprocess.Popen[bytes],
+        log_file: TextIO,
+    ) -> None:
+        self.driver = driver
+        self.dirs = dirs
+        self.inventory_path = inventory_path
+        self.log_path = log_path
+        self.proc = proc
+        self._log_file = log_file
+
+    @property
+    def registration_socket(self) -> pathlib.Path:
+        return self.dirs.registry / f"{self.driver}-reg.sock"
+
+    @property
+    def endpoint(self) -> pathlib.Path:
+        return self.dirs.plugins / self.driver / "dra.sock"
+
+    @classmethod
+    def start(
+        cls,
+        driver: str,
+        dirs: KubeletDirs,
+        resources: Sequence[Mapping[str, Any]],
+        *,
+        workdir: pathlib.Path | None = None,
+        extra_args: Sequence[str] = (),
+        timeout: float = START_TIMEOUT,
+    ) -> DraPlugin:
+        """Start the plugin and return once both of its sockets exist."""
+        binary = build_draplugin()
+        workdir = workdir or dirs.root
+        inventory_path = workdir / f"{driver}-inventory.json"
+        _write_json(inventory_path, resources)
+        log_path = workdir / f"{driver}.log"
+        log_file = open(log_path, "w")  # noqa: SIM115 - closed by close()
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                "--driver",
+                driver,
+                "--registry-dir",
+                str(dirs.registry),
+                "--plugins-dir",
+                str(dirs.plugins),
+                "--inventory",
+                str(inventory_path),
+                *extra_args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+        plugin = cls(driver, dirs, inventory_path, log_path, proc, log_file)
+        try:
+            plugin._wait(
+                lambda: plugin.registration_socket.is_socket() and plugin.endpoint.is_socket(),
+                "both sockets",
+                timeout,
+            )
+        except BaseException:
+            plugin.close()
+            raise
+        return plugin
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def update(self, resources: Sequence[Mapping[str, Any]], timeout: float = 10.0) -> None:
+        """Replace the inventory: rewrite the file, SIGHUP, and wait until the plugin has re-read
+        it (every open stream is then sent the new inventory)."""
+        before = self.log().count(RELOADED)
+        _write_json(self.inventory_path, resources)
+        self.proc.send_signal(signal.SIGHUP)
+        self._wait(lambda: self.log().count(RELOADED) > before, "the inventory reload", timeout)
+
+    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM and wait: the upstream helper removes both sockets. Returns the exit status."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Make sure the process is gone (SIGKILL if needed) and the log file closed."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._log_file.close()
+
+    def _wait(self, condition: Any, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"draplugin exited ({self.proc.returncode}) waiting for {what}:\n"
+                    + self.log()[-4000:]
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"draplugin: no {what} within {timeout}s:\n{self.log()[-4000:]}")
+            time.sleep(0.02)
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+    # Atomic: the plugin never reads a half-written file.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value, indent=1))
+    os.replace(tmp, path)
