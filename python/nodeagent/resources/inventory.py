@@ -2,7 +2,8 @@
 and whether (and since when) its plugin is gone.
 
 Every plugin message replaces that plugin's whole inventory. An invalid one is reported (log +
-metric) and the last valid inventory stays in force.
+metric) and the last valid inventory stays in force; with none since the agent started, the
+slices already published for the plugin stay as they are.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ class InventoryTracker:
             state.last_error = str(exc)
             self._report("ResourceInventoryRejected", str(exc))
             log.error(
-                "plugin inventory rejected; the last valid inventory stays published",
+                "plugin inventory rejected; the last valid inventory stays published"
+                if state.inventory is not None
+                else "plugin inventory rejected; no valid inventory since the agent started: "
+                "the slices already published for it stay as they are",
                 driver=driver,
                 errors=exc.errors,
             )

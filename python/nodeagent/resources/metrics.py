@@ -6,8 +6,9 @@ from prometheus_client import Counter, Gauge, Histogram
 
 SYNCS = Counter(
     "nodeagent_resourceslice_syncs_total",
-    "Pool syncs by result (unchanged: no write needed, written, failed, deferred: waiting for a "
-    "grace period or the observed state).",
+    "Pool syncs by result (unchanged: no write needed, written, failed: API error, error: "
+    "unexpected exception, refused: the pool holds slices nodeagent does not manage, deferred: "
+    "waiting for a grace period, the observed state or the Node).",
     ["result"],
 )
 SYNC_SECONDS = Histogram(
@@ -59,4 +60,12 @@ EVENTS = Counter(
     "nodeagent_resourceslice_events_total",
     "Warning Events about plugin inventories by result (sent, failed, dropped: backlog full).",
     ["result"],
+)
+REFUSED_POOLS = Gauge(
+    "nodeagent_resourceslice_refused_pools",
+    "Pools not published because they also hold ResourceSlices nodeagent does not manage.",
+)
+REOWNED = Counter(
+    "nodeagent_resourceslice_reowned_total",
+    "Slices whose owner reference was moved to the Node's new UID (Node re-created).",
 )

@@ -3,15 +3,24 @@
 
 - Desired: per driver and pool, the slices of the last valid inventory (`inventory.py`,
   `model.desired_slices`).
-- Observed: this node's slices (field selector ``spec.nodeName=<node>``) through the
-  accumulator, including our own writes (read-your-writes). Only slices carrying the
-  ``app.kubernetes.io/managed-by=nodeagent`` label are ours to change: a driver that publishes
-  its own slices on this node is left alone.
+- Observed: this node's slices (field selector ``spec.nodeName=<node>``) and the Node itself
+  (``metadata.name=<node>``, for the owner UID) through the publisher's own accumulator,
+  including our own writes (read-your-writes). Only slices carrying the
+  ``app.kubernetes.io/managed-by=nodeagent`` label are ours to change. A slice of the same
+  driver and pool without the label means someone else publishes that pool: the pool is refused
+  (never written, reported) until that slice goes away.
 - A work queue keyed by (driver, pool) runs the syncs: deduplicated, coalescing (a sync reads
-  the newest state), with per-pool exponential backoff after a failed write.
+  the newest state), with per-pool exponential backoff after a failed sync. The sync's own
+  writes never queue its pool again.
+- Nothing is written while the observed state is not known (a query's list Forbidden, not yet
+  read) or the Node does not exist; a Node re-created under the same name gets our slices
+  re-owned.
+- Updates start from the observed object's metadata: labels, annotations, finalizers and owner
+  references others set are kept.
 - Lifecycle: a disconnected plugin's slices stay for ``disconnect_grace``; after a restart
   nothing is deleted before ``startup_grace`` has passed, and nothing is written before the
-  observed state is complete, so a restart with unchanged plugins makes no writes.
+  observed state is complete, so a restart with unchanged plugins makes no writes. A registered
+  plugin with no valid inventory since the start keeps what is published.
 - Standalone (no client): the desired slices are only shown (`desired_view`).
 """
 
@@ -26,29 +35,42 @@ import msgspec
 import trio
 
 from nodeagent import _native
+from nodeagent.accumulator.model import Query
 from nodeagent.kube import NODES, RESOURCESLICES
 from nodeagent.kube.errors import ApiError, Conflict, KubeError, NotFound
-from nodeagent.kube.models import Node
 from nodeagent.log import get_logger
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources import metrics
 from nodeagent.resources.events import NodeEvents
 from nodeagent.resources.inventory import DriverState, InventoryTracker
-from nodeagent.resources.model import API_VERSION, KIND, desired_slices
+from nodeagent.resources.model import API_VERSION, KIND, Inventory, desired_slices
 from nodeagent.resources.queue import WorkQueue
 from nodeagent.resources.settings import ResourcesSettings
 
 log = get_logger(__name__)
 
-__all__ = ["MANAGED_BY", "Publisher", "SliceSource", "SliceWriter", "slices_query_args"]
+__all__ = [
+    "MANAGED_BY",
+    "Publisher",
+    "SliceSource",
+    "SliceWriter",
+    "node_query_args",
+    "publisher_queries",
+    "slices_query_args",
+]
 
 MANAGED_BY = ("app.kubernetes.io/managed-by", "nodeagent")
 
 PoolKey = tuple[str, str]  # (driver, pool)
 
+# Seconds between two looks at a pool held back because the observed state is not known: the
+# accumulator does not announce that a Forbidden list has become readable again.
+UNKNOWN_STATE_RECHECK = 1.0
+
 
 class SliceSource(Protocol):
-    """The observed side: an `Accumulator` with one query named ``resourceslices`` (raw bytes)."""
+    """The observed side: an `Accumulator` with the queries of `publisher_queries` (raw
+    bytes)."""
 
     @property
     def bootstrapped(self) -> bool: ...
@@ -57,13 +79,11 @@ class SliceSource(Protocol):
 
     def update(self, target: object, deltas: Any = None) -> bool: ...
 
+    def not_ready_reason(self) -> str | None: ...
+
 
 class SliceWriter(Protocol):
     """The write side: a `KubeClient`."""
-
-    async def get(
-        self, resource: Any, name: str, namespace: str | None = None, *, into: Any
-    ) -> Any: ...
 
     async def create(self, resource: Any, obj: Any, namespace: str | None = None) -> bytes: ...
 
@@ -81,7 +101,7 @@ class SliceWriter(Protocol):
 
 
 def slices_query_args(node_name: str) -> dict[str, Any]:
-    """Keyword arguments of the accumulator `Query` the publisher reads."""
+    """Keyword arguments of the accumulator `Query` of this node's slices."""
     return {
         "name": "resourceslices",
         "api_version": RESOURCESLICES.api_version,
@@ -90,11 +110,36 @@ def slices_query_args(node_name: str) -> dict[str, Any]:
     }
 
 
+def node_query_args(node_name: str) -> dict[str, Any]:
+    """Keyword arguments of the accumulator `Query` of the Node (the slices' owner). The
+    selector is the one the Node authorizer lets a node use on its own Node object."""
+    return {
+        "name": "node",
+        "api_version": NODES.api_version,
+        "kind": NODES,
+        "field_selector": f"metadata.name={node_name}",
+    }
+
+
+def publisher_queries(node_name: str) -> list[Query[Any]]:
+    """The queries of the publisher's accumulator (raw bytes: the publisher decodes what it
+    needs)."""
+    return [Query(**slices_query_args(node_name)), Query(**node_query_args(node_name))]
+
+
+class _OwnerRef(msgspec.Struct):
+    apiVersion: str = ""
+    kind: str = ""
+    name: str = ""
+    uid: str = ""
+
+
 class _Meta(msgspec.Struct):
     name: str = ""
     uid: str = ""
     resourceVersion: str = ""
     labels: dict[str, str] = {}
+    ownerReferences: list[_OwnerRef] = []
 
 
 class _PoolRef(msgspec.Struct):
@@ -111,18 +156,43 @@ class _SliceHead(msgspec.Struct):
     spec: _SpecHead = msgspec.field(default_factory=_SpecHead)
 
 
+class _NodeHead(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
 _head = msgspec.json.Decoder(_SliceHead)
+_node_head = msgspec.json.Decoder(_NodeHead)
 _spec_only = msgspec.json.Decoder(dict[str, Any])
 
 
 class _Snapshot:
     resourceslices: Mapping[Any, bytes] = {}
+    node: Mapping[Any, bytes] = {}
 
 
 @dataclass
 class _Desired:
     specs: tuple[bytes, ...]
     prepared: list[_native.PreparedDesired]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One observed slice of this node, prepared once per (name, resourceVersion)."""
+
+    key: PoolKey
+    ours: bool
+    prepared: _native.PreparedObserved
+    raw: bytes
+    node_owners: frozenset[str]  # UIDs of the Node owner references naming our node
+
+
+class PoolRefused(Exception):
+    """A pool that also holds slices nodeagent does not manage: it is not written."""
+
+
+def _is_node_ref(ref: Mapping[str, Any]) -> bool:
+    return ref.get("kind") == "Node" and ref.get("apiVersion") == "v1"
 
 
 class Publisher:
@@ -153,20 +223,30 @@ class Publisher:
             self.settings.min_sync_interval,
         )
         self._started = 0.0
-        self._node_uid = ""
+        self._node_uid: str | None = None  # None: no Node of our name (yet)
+        self._node_raw: bytes | None = None
         self._snapshot = _Snapshot()
         self._synced_once = False
         self._synced = trio.Event()
         # Observed slices we manage, grouped by pool; prepared once per (name, resourceVersion).
-        self._observed: dict[PoolKey, dict[str, _native.PreparedObserved]] = {}
-        self._prepared: dict[tuple[str, str], tuple[PoolKey | None, _native.PreparedObserved]] = {}
+        self._observed: dict[PoolKey, dict[str, _Seen]] = {}
+        # Names of slices we do not manage, in pools we publish or want to publish.
+        self._foreign: dict[PoolKey, tuple[str, ...]] = {}
+        self._prepared: dict[tuple[str, str], _Seen | None] = {}
         self._desired: dict[PoolKey, _Desired] = {}
         self._unreadable: set[tuple[str, str]] = set()  # (name, resourceVersion), logged once
         self._failing: dict[PoolKey, str] = {}  # pool -> last error, until a sync succeeds
+        self._refused: set[PoolKey] = set()  # failing because of foreign slices
+        # The pool being synced and the {name: resourceVersion} its own writes lead to: a
+        # snapshot showing exactly that is no reason to sync it again.
+        self._syncing: PoolKey | None = None
+        self._expected: dict[str, str] = {}
         # Desired spec bytes -> the spec the server stored for it, when they differ (fields
         # behind disabled feature gates are dropped): planning against what the server keeps
-        # stops an endless update loop.
+        # stops an endless update loop. Only for current desired specs.
         self._server_form: dict[bytes, bytes] = {}
+        # Per driver: the inventory its pools' view was built from, and that view.
+        self._views: dict[str, tuple[Inventory, dict[str, Any]]] = {}
         self.writes = 0
 
     # -- public ---------------------------------------------------------------------------
@@ -177,28 +257,62 @@ class Publisher:
 
     def desired_view(self) -> dict[str, Any]:
         """The desired slices per driver and pool, and each driver's state, for the ops
-        endpoint."""
+        endpoint. The slices are built once per inventory, not per call."""
         out: dict[str, Any] = {}
         for driver, state in sorted(self._tracker.drivers.items()):
-            pools: dict[str, Any] = {}
-            if state.inventory is not None:
-                for pool in state.inventory.pools:
-                    specs = desired_slices(driver, pool, self.node_name)
-                    pools[pool.name] = [msgspec.to_builtins(s) for s in specs]
             out[driver] = {
                 "registered": state.registered,
                 "last_error": state.last_error,
-                "pools": pools,
+                "pools": self._pools_view(driver, state.inventory),
             }
         return out
 
+    def _pools_view(self, driver: str, inventory: Inventory | None) -> dict[str, Any]:
+        if inventory is None:
+            self._views.pop(driver, None)
+            return {}
+        cached = self._views.get(driver)
+        if cached is not None and cached[0] is inventory:
+            return cached[1]
+        pools = {
+            pool.name: [
+                msgspec.to_builtins(s) for s in desired_slices(driver, pool, self.node_name)
+            ]
+            for pool in inventory.pools
+        }
+        self._views[driver] = (inventory, pools)
+        return pools
+
+    def counts(self) -> tuple[int, int, int]:
+        """(drivers, pools, slices) desired: what readiness shows, without building slices."""
+        drivers = self._tracker.drivers.values()
+        pools = sum(len(s.inventory.pools) for s in drivers if s.inventory is not None)
+        slices = sum(len(d.specs) for d in self._desired.values())
+        return len(self._tracker.drivers), pools, slices
+
+    def rejected(self) -> list[str]:
+        """Drivers whose latest inventory was rejected."""
+        return sorted(d for d, s in self._tracker.drivers.items() if s.last_error)
+
     def failing(self) -> dict[PoolKey, str]:
-        """Pools whose last sync failed (retrying with backoff), with the error."""
+        """Pools whose last sync failed (retrying with backoff) or that are refused, with the
+        error."""
         return dict(self._failing)
 
     def pending(self) -> int:
         """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
         return len(self._queue)
+
+    def blocked(self) -> str | None:
+        """Why nothing is written at all right now (None: pools are synced)."""
+        if self._slices is None or not self._synced_once:
+            return None
+        problem = self._slices.not_ready_reason()
+        if problem:
+            return f"the observed state is not known ({problem})"
+        if self._node_uid is None:
+            return f"waiting for Node {self.node_name}"
+        return None
 
     @property
     def synced(self) -> bool:
@@ -233,6 +347,8 @@ class Publisher:
             changed = self._tracker.update(plugins, trio.current_time())
             for driver in changed:
                 self._refresh_desired(driver)
+            if changed:
+                self._prune_server_forms()
             metrics.DESIRED_SLICES.set(sum(len(d.specs) for d in self._desired.values()))
 
     def _refresh_desired(self, driver: str) -> None:
@@ -250,11 +366,20 @@ class Publisher:
             if specs is None:
                 self._desired.pop(key, None)
             elif old is None or old.specs != specs:
-                planned = [self._server_form.get(s, s) for s in specs]
-                self._desired[key] = _Desired(specs, _native.prepare_desired(planned))
+                self._desired[key] = self._prepare(specs)
             if not self.standalone:
                 self._queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self._queue))
+
+    def _prepare(self, specs: tuple[bytes, ...]) -> _Desired:
+        planned = [self._server_form.get(s, s) for s in specs]
+        return _Desired(specs, _native.prepare_desired(planned))
+
+    def _prune_server_forms(self) -> None:
+        if self._server_form:
+            current = {s for d in self._desired.values() for s in d.specs}
+            for spec in [s for s in self._server_form if s not in current]:
+                del self._server_form[spec]
 
     async def _watch_slices(self) -> None:
         assert self._slices is not None
@@ -265,21 +390,61 @@ class Publisher:
     def _refresh_observed(self) -> None:
         """Takes the newest snapshot (own writes included) and queues the pools it changed."""
         assert self._slices is not None
-        if self._slices.update(self._snapshot):
-            for key in self._regroup():
+        if not self._slices.update(self._snapshot):
+            return
+        changed = self._regroup()
+        if self._refresh_node():
+            changed |= set(self._desired) | set(self._observed)
+        syncing = self._syncing
+        if syncing in changed and self._observed_versions(syncing) == self._expected:
+            changed.discard(syncing)  # only the sync's own writes: no reason to run again
+        for key in changed:
+            self._queue.add(key)
+        if not self._synced_once:
+            self._synced_once = True
+            self._synced.set()
+            for key in set(self._desired) | set(self._observed):
                 self._queue.add(key)
-            if not self._synced_once:
-                self._synced_once = True
-                self._synced.set()
-                for key in set(self._desired) | set(self._observed):
-                    self._queue.add(key)
-            metrics.QUEUE_DEPTH.set(len(self._queue))
+        metrics.QUEUE_DEPTH.set(len(self._queue))
+
+    def _observed_versions(self, key: PoolKey | None) -> dict[str, str]:
+        group = self._observed.get(key, {}) if key is not None else {}
+        return {n: s.prepared.resource_version for n, s in group.items()}
+
+    def _refresh_node(self) -> bool:
+        """Reads the Node's UID from the snapshot; returns whether it changed to a known one."""
+        raws = list(self._snapshot.node.values())
+        raw = raws[0] if raws else None
+        if raw is self._node_raw:
+            return False
+        self._node_raw = raw
+        uid: str | None = None
+        if raw is not None:
+            try:
+                uid = _node_head.decode(raw).metadata.uid or None
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("observed Node not understood", node=self.node_name, error=str(exc))
+                return False
+        if uid == self._node_uid:
+            return False
+        old, self._node_uid = self._node_uid, uid
+        if uid is None:
+            log.warning("Node not found: nothing is written until it exists", node=self.node_name)
+            return False
+        if old is not None:
+            log.warning(
+                "Node re-created under the same name: re-owning its slices",
+                node=self.node_name,
+                old_uid=old,
+                uid=uid,
+            )
+        return True
 
     def _regroup(self) -> set[PoolKey]:
-        """Rebuilds the per-pool groups from the snapshot; returns the pools that changed."""
-        label, value = MANAGED_BY
-        seen: dict[tuple[str, str], tuple[PoolKey | None, _native.PreparedObserved]] = {}
-        missing: list[tuple[tuple[str, str], PoolKey | None, bytes]] = []
+        """Rebuilds the per-pool groups from the snapshot; returns the pools that changed (our
+        slices in them, or the foreign slices beside them)."""
+        seen: dict[tuple[str, str], _Seen | None] = {}
+        missing: list[tuple[tuple[str, str], _SliceHead, bytes]] = []
         for raw in self._snapshot.resourceslices.values():
             try:
                 head = _head.decode(raw)
@@ -289,43 +454,66 @@ class Publisher:
             ident = (head.metadata.name, head.metadata.resourceVersion)
             if ident in self._unreadable:
                 continue
-            known = self._prepared.get(ident)
-            if known is not None:
-                seen[ident] = known
+            if ident in self._prepared:
+                seen[ident] = self._prepared[ident]
                 continue
-            ours = head.metadata.labels.get(label) == value
-            key = (head.spec.driver, head.spec.pool.name) if ours else None
-            missing.append((ident, key, raw))
-        if missing:
-            try:
-                prepared = _native.prepare_observed([m[2] for m in missing])
-                pairs = list(zip(missing, prepared, strict=True))
-            except ValueError:
-                # One bad object must not hide the good ones (we would publish duplicates).
-                pairs = []
-                for m in missing:
-                    try:
-                        pairs.append((m, _native.prepare_observed([m[2]])[0]))
-                    except ValueError as exc:
-                        self._unreadable.add(m[0])
-                        log.error(
-                            "observed ResourceSlice not understood", name=m[0][0], error=str(exc)
-                        )
-            for (ident, key, _), p in pairs:
-                seen[ident] = (key, p)
+            missing.append((ident, head, raw))
+        for (ident, head, raw), prepared in self._prepare_observed(missing):
+            label, value = MANAGED_BY
+            seen[ident] = _Seen(
+                key=(head.spec.driver, head.spec.pool.name),
+                ours=head.metadata.labels.get(label) == value,
+                prepared=prepared,
+                raw=raw,
+                node_owners=frozenset(
+                    r.uid
+                    for r in head.metadata.ownerReferences
+                    if (r.apiVersion, r.kind, r.name) == ("v1", "Node", self.node_name)
+                ),
+            )
         self._prepared = seen
-        groups: dict[PoolKey, dict[str, _native.PreparedObserved]] = {}
-        for key, p in seen.values():
-            if key is not None:
-                groups.setdefault(key, {})[p.name] = p
+        groups: dict[PoolKey, dict[str, _Seen]] = {}
+        foreign: dict[PoolKey, list[str]] = {}
+        for s in seen.values():
+            if s is None:
+                continue
+            if s.ours:
+                groups.setdefault(s.key, {})[s.prepared.name] = s
+            else:
+                foreign.setdefault(s.key, []).append(s.prepared.name)
         changed = {
             k
             for k in set(groups) | set(self._observed)
-            if {n: o.resource_version for n, o in groups.get(k, {}).items()}
-            != {n: o.resource_version for n, o in self._observed.get(k, {}).items()}
+            if {n: o.prepared.resource_version for n, o in groups.get(k, {}).items()}
+            != self._observed_versions(k)
         }
-        self._observed = groups
+        found = {k: tuple(sorted(v)) for k, v in foreign.items()}
+        changed |= {k for k in set(found) ^ set(self._foreign)} | {
+            k for k in set(found) & set(self._foreign) if found[k] != self._foreign[k]
+        }
+        self._observed, self._foreign = groups, found
         return changed
+
+    def _prepare_observed(
+        self, missing: list[tuple[tuple[str, str], _SliceHead, bytes]]
+    ) -> list[tuple[tuple[tuple[str, str], _SliceHead, bytes], _native.PreparedObserved]]:
+        if not missing:
+            return []
+        try:
+            return list(
+                zip(missing, _native.prepare_observed([m[2] for m in missing]), strict=True)
+            )
+        except ValueError:
+            pass
+        # One bad object must not hide the good ones (we would publish duplicates).
+        pairs = []
+        for m in missing:
+            try:
+                pairs.append((m, _native.prepare_observed([m[2]])[0]))
+            except ValueError as exc:
+                self._unreadable.add(m[0])
+                log.error("observed ResourceSlice not understood", name=m[0][0], error=str(exc))
+        return pairs
 
     async def _after_startup_grace(self) -> None:
         await trio.sleep(self.settings.startup_grace)
@@ -340,35 +528,64 @@ class Publisher:
             t0 = time.perf_counter()
             failed = False
             wait: float | None = None
+            self._syncing, self._expected = key, self._observed_versions(key)
             try:
                 wait = await self._sync(key)
+            except PoolRefused as exc:
+                self._refuse(key, str(exc))
             except KubeError as exc:
                 failed = True
-                metrics.SYNCS.labels("failed").inc()
-                if key not in self._failing and self._events is not None:
-                    # Once per failure streak: the operator looks at the Node's events.
-                    self._events.warn(
-                        "ResourceSliceSyncFailed",
-                        f"publishing pool {key[1]} of driver {key[0]} failed: {exc}",
-                    )
-                self._failing[key] = str(exc)
-                log.warning(
-                    "resourceslice sync failed; retrying with backoff",
-                    driver=key[0],
-                    pool=key[1],
-                    error=str(exc),
-                    failures=self._queue.failures(key) + 1,
-                )
+                self._fail(key, "failed", str(exc))
+            except Exception as exc:
+                # A bug or bad data in one pool must not take the others (and the accumulator,
+                # with its start-up grace) down with it: fail this pool and retry it.
+                failed = True
+                log.exception("resourceslice sync raised", driver=key[0], pool=key[1])
+                self._fail(key, "error", f"unexpected error: {exc!r}")
             else:
-                self._failing.pop(key, None)
+                self._recovered(key)
             finally:
+                self._syncing, self._expected = None, {}
                 delay = self._queue.done(key, failed=failed)
                 if wait is not None:
                     self._queue.add(key, wait)
                 metrics.SYNC_SECONDS.observe(time.perf_counter() - t0)
                 metrics.QUEUE_DEPTH.set(len(self._queue))
+                metrics.REFUSED_POOLS.set(len(self._refused))
             if delay is not None:
                 log.info("resourceslice sync requeued", driver=key[0], pool=key[1], delay=delay)
+
+    def _fail(self, key: PoolKey, result: str, error: str) -> None:
+        metrics.SYNCS.labels(result).inc()
+        self._refused.discard(key)
+        if key not in self._failing and self._events is not None:
+            # Once per failure streak: the operator looks at the Node's events.
+            self._events.warn(
+                "ResourceSliceSyncFailed",
+                f"publishing pool {key[1]} of driver {key[0]} failed: {error}",
+            )
+        self._failing[key] = error
+        log.warning(
+            "resourceslice sync failed; retrying with backoff",
+            driver=key[0],
+            pool=key[1],
+            error=error,
+            failures=self._queue.failures(key) + 1,
+        )
+
+    def _refuse(self, key: PoolKey, error: str) -> None:
+        metrics.SYNCS.labels("refused").inc()
+        self._refused.add(key)
+        if self._failing.get(key) != error:
+            if self._events is not None:
+                self._events.warn("ResourceSlicePoolConflict", error)
+            log.error("resourceslice pool refused", driver=key[0], pool=key[1], error=error)
+        self._failing[key] = error
+
+    def _recovered(self, key: PoolKey) -> None:
+        self._refused.discard(key)
+        if self._failing.pop(key, None) is not None:
+            log.info("resourceslice pool recovered", driver=key[0], pool=key[1])
 
     def _deletion_deadline(self, state: DriverState | None) -> float:
         """When a driver without a current inventory for a pool may lose its slices."""
@@ -381,14 +598,36 @@ class Publisher:
             gone + self.settings.disconnect_grace, self._started + self.settings.startup_grace
         )
 
+    def _hold(self, key: PoolKey) -> tuple[bool, float | None]:
+        """Whether the pool must not be written now, and after how long to look again."""
+        if self.blocked() is not None:
+            # The Node's arrival queues every pool; a readable list is not announced.
+            return True, None if self._node_uid is None else UNKNOWN_STATE_RECHECK
+        foreign = self._foreign.get(key)
+        if foreign and (key in self._desired or key in self._observed):
+            raise PoolRefused(
+                f"pool {key[1]} of driver {key[0]} on node {self.node_name} also holds "
+                f"ResourceSlices not managed by nodeagent ({', '.join(foreign)}): nodeagent "
+                "does not publish this pool until they are gone"
+            )
+        return False, None
+
     async def _sync(self, key: PoolKey) -> float | None:
         """Plans and writes one pool; returns after how long to look again when it must wait
-        for a grace period."""
+        for a grace period or for the observed state."""
         if self._slices is None or not self._synced_once:
             metrics.SYNCS.labels("deferred").inc()
             return None  # the first snapshot queues every pool
-        driver, pool = key
-        state = self._tracker.drivers.get(driver)
+        held, again = self._hold(key)
+        if held:
+            metrics.SYNCS.labels("deferred").inc()
+            return again
+        state = self._tracker.drivers.get(key[0])
+        if state is not None and state.registered and state.inventory is None:
+            # Registered, but nothing valid received since the start: what is published is
+            # the last valid inventory there is.
+            metrics.SYNCS.labels("deferred").inc()
+            return None
         desired = self._desired.get(key)
         if desired is not None and state is not None and not state.registered:
             # A disconnected plugin's inventory stays published for the grace period only.
@@ -404,25 +643,36 @@ class Publisher:
             if now < deadline:
                 metrics.SYNCS.labels("deferred").inc()
                 return deadline - now
+        await self._plan_and_write(key, desired)
+        return None
+
+    async def _plan_and_write(self, key: PoolKey, desired: _Desired | None) -> None:
+        driver, pool = key
         observed = self._observed.get(key, {})
         ordered = [observed[n] for n in sorted(observed)]
         t0 = time.perf_counter()
-        generation, _, updates, creates, deletes = _native.plan_prepared(
-            desired.prepared if desired else [], ordered
+        generation, unchanged, updates, creates, deletes = _native.plan_prepared(
+            desired.prepared if desired else [], [s.prepared for s in ordered]
         )
         metrics.PLAN_SECONDS.observe(time.perf_counter() - t0)
-        if not (updates or creates or deletes):
+        uid = self._node_uid
+        reown = [ordered[i] for i in unchanged if uid not in ordered[i].node_owners]
+        if not (updates or creates or deletes or reown):
             metrics.SYNCS.labels("unchanged").inc()
-            return None
+            return
         assert desired is not None or not (updates or creates)
         count = len(desired.specs) if desired else 0
         try:
-            for _, name, uid, rv in deletes:
-                await self._delete(name, uid, rv)
-            for _, i, name, rv in updates:
+            for _, name, uid_, rv in deletes:
+                await self._delete(name, uid_, rv)
+            for seen in reown:
+                await self._reown(seen)
+            for j, i, name, rv in updates:
                 assert desired is not None
                 spec = desired.specs[i]
-                await self._write("update", driver, spec, pool, generation, count, name, rv)
+                await self._write(
+                    "update", driver, spec, pool, generation, count, ordered[j], name, rv
+                )
             for i in creates:
                 assert desired is not None
                 await self._write("create", driver, desired.specs[i], pool, generation, count)
@@ -438,28 +688,71 @@ class Publisher:
             created=len(creates),
             updated=len(updates),
             deleted=len(deletes),
+            reowned=len(reown),
         )
-        return None
 
-    async def _node_uid_once(self) -> str:
-        if not self._node_uid:
-            assert self._client is not None
-            node = await self._client.get(NODES, self.node_name, into=Node)
-            self._node_uid = node.metadata.uid
-        return self._node_uid
+    def _metadata(self, observed: _Seen | None) -> dict[str, Any]:
+        """Our label and owner on top of the observed metadata: what others set is kept."""
+        meta: dict[str, Any] = {}
+        if observed is not None:
+            meta = _spec_only.decode(observed.raw).get("metadata") or {}
+            # Omitted, the server keeps them; sent, they would replace its bookkeeping.
+            meta.pop("managedFields", None)
+        meta["labels"] = {**(meta.get("labels") or {}), MANAGED_BY[0]: MANAGED_BY[1]}
+        assert self._node_uid is not None
+        others = [r for r in meta.get("ownerReferences") or [] if not _is_node_ref(r)]
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "name": self.node_name,
+                "uid": self._node_uid,
+                "controller": True,
+            },
+            *others,
+        ]
+        return meta
+
+    def _wrote(self, answer: bytes | None, name: str) -> dict[str, Any] | None:
+        """Counts a successful write and records where it leaves the pool (its own snapshot
+        change is no reason to sync again)."""
+        self.writes += 1
+        if answer is None:
+            self._expected.pop(name, None)
+            return None
+        doc: dict[str, Any] = msgspec.json.decode(answer)
+        meta = doc.get("metadata") or {}
+        if self._syncing is not None and meta.get("name"):
+            self._expected[meta["name"]] = meta.get("resourceVersion", "")
+        return doc
 
     async def _delete(self, name: str, uid: str, rv: str) -> None:
         assert self._client is not None
         try:
-            await self._client.delete(RESOURCESLICES, name, uid=uid, resource_version=rv)
+            answer = await self._client.delete(RESOURCESLICES, name, uid=uid, resource_version=rv)
         except NotFound:
             metrics.WRITES.labels("delete", "not_found").inc()
             return
         except ApiError as exc:
             metrics.WRITES.labels("delete", _result(exc)).inc()
             raise
-        self.writes += 1
         metrics.WRITES.labels("delete", "ok").inc()
+        self._wrote(answer, name)
+
+    async def _reown(self, seen: _Seen) -> None:
+        """The slice is right but owned by a Node that no longer exists (same name, new UID):
+        the garbage collector would delete it."""
+        assert self._client is not None
+        body = _spec_only.decode(seen.raw)
+        body["metadata"] = self._metadata(seen)
+        try:
+            answer = await self._client.update(RESOURCESLICES, body)
+        except ApiError as exc:
+            metrics.WRITES.labels("update", _result(exc)).inc()
+            raise
+        metrics.WRITES.labels("update", "ok").inc()
+        metrics.REOWNED.inc()
+        self._wrote(answer, seen.prepared.name)
 
     async def _write(
         self,
@@ -469,24 +762,16 @@ class Publisher:
         pool: str,
         generation: int,
         count: int,
+        observed: _Seen | None = None,
         name: str = "",
         rv: str = "",
     ) -> None:
         assert self._client is not None
-        spec = _spec_only.decode(self._server_form.get(spec_bytes, spec_bytes))
+        # The full desired spec, never the server's stripped form: a write coming back whole
+        # is how a feature gate turned on shows.
+        spec = _spec_only.decode(spec_bytes)
         spec["pool"] = {"name": pool, "generation": generation, "resourceSliceCount": count}
-        meta: dict[str, Any] = {
-            "labels": {MANAGED_BY[0]: MANAGED_BY[1]},
-            "ownerReferences": [
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "name": self.node_name,
-                    "uid": await self._node_uid_once(),
-                    "controller": True,
-                }
-            ],
-        }
+        meta = self._metadata(observed)
         if verb == "create":
             meta["generateName"] = f"{self.node_name}-{driver}-"
         else:
@@ -501,28 +786,35 @@ class Publisher:
         except ApiError as exc:
             metrics.WRITES.labels(verb, _result(exc)).inc()
             raise
-        self.writes += 1
         metrics.WRITES.labels(verb, "ok").inc()
-        self._check_dropped(driver, spec_bytes, answer)
+        doc = self._wrote(answer, name)
+        if doc is not None:
+            self._check_dropped(driver, spec_bytes, doc)
 
-    def _check_dropped(self, driver: str, spec_bytes: bytes, answer: bytes) -> None:
+    def _check_dropped(self, driver: str, spec_bytes: bytes, answer: dict[str, Any]) -> None:
         try:
-            stored = msgspec.json.encode(msgspec.json.decode(answer)["spec"])
-        except (msgspec.DecodeError, KeyError, TypeError):
+            stored = msgspec.json.encode(answer["spec"])
+        except (KeyError, TypeError):
             return
-        if _native.slice_spec_equal(stored, self._server_form.get(spec_bytes, spec_bytes)):
-            return
-        metrics.DROPPED_FIELDS.labels(driver).inc()
-        log.warning(
-            "the API server did not store every field sent (a feature gate is off?); "
-            "planning against what it stored",
-            driver=driver,
-        )
-        self._server_form[spec_bytes] = stored
+        known = self._server_form.get(spec_bytes)
+        if _native.slice_spec_equal(stored, spec_bytes):
+            if known is None:
+                return
+            log.info("the API server stores every field again (a feature gate on?)", driver=driver)
+            del self._server_form[spec_bytes]
+        else:
+            if known is not None and _native.slice_spec_equal(stored, known):
+                return
+            metrics.DROPPED_FIELDS.labels(driver).inc()
+            log.warning(
+                "the API server did not store every field sent (a feature gate is off?); "
+                "planning against what it stored",
+                driver=driver,
+            )
+            self._server_form[spec_bytes] = stored
         for key, d in self._desired.items():
             if spec_bytes in d.specs:
-                planned = [self._server_form.get(s, s) for s in d.specs]
-                self._desired[key] = _Desired(d.specs, _native.prepare_desired(planned))
+                self._desired[key] = self._prepare(d.specs)
 
 
 def _result(exc: ApiError) -> str:

@@ -89,20 +89,25 @@ class WorkQueue(Generic[K]):
 
     def done(self, key: K, *, failed: bool = False) -> float | None:
         """The key's sync finished. A failure requeues it after its next backoff delay
-        (doubling per consecutive failure; returned); a success resets the backoff. A key added
-        while it was processing runs again, once its minimum interval has passed."""
+        (doubling per consecutive failure; returned), also when it was added meanwhile; a
+        success resets the backoff, and a key added while it was processing runs again, once
+        its minimum interval has passed."""
         self._processing.discard(key)
         delay = None
+        again = key in self._again
+        self._again.discard(key)
         if failed:
+            # The retry reads the newest state anyway; running at once because something
+            # (the failed sync's own partial writes, say) changed meanwhile would make the
+            # backoff moot.
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
             delay = min(self._max, self._initial * 2**n)
             self.add(key, delay)
         else:
             self._failures.pop(key, None)
-        if key in self._again:
-            self._again.discard(key)
-            self.add(key)
+            if again:
+                self.add(key)
         if not (self._ready_at or self._processing):
             self._idle.set()
         return delay

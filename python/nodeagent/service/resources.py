@@ -1,7 +1,8 @@
 """The ResourceSlice publisher as a supervised component.
 
-Cluster mode: a dedicated accumulator over this node's slices (`update()` drains deltas, so
-no other consumer may share it) and a publisher writing through the process's one client.
+Cluster mode: a dedicated accumulator over this node's slices and its Node (`update()` drains
+deltas, so no other consumer may share it) and a publisher writing through the process's one
+client.
 Standalone: a publisher without a client, whose desired slices the ops endpoint shows.
 
 Each run builds a fresh accumulator and publisher: a restarted component starts from a clean
@@ -17,13 +18,13 @@ from typing import Any, NoReturn
 
 import trio
 
-from nodeagent.accumulator import Accumulator, Query
+from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.kube.client import KubeClient, WriteEvent
 from nodeagent.kube.resource import Resource
 from nodeagent.kube.watch import WatchSink
 from nodeagent.plugins.latest import LatestValue
-from nodeagent.resources.publisher import Publisher, slices_query_args
+from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.component import Readiness
 
@@ -101,7 +102,7 @@ class ResourcesComponent:
             return
         acc = Accumulator(
             self._watch_client,
-            [Query(**slices_query_args(self.node_name))],
+            publisher_queries(self.node_name),
             self._accumulator_settings,
         )
         pub = Publisher(
@@ -121,9 +122,10 @@ class ResourcesComponent:
         pub, acc = self.publisher, self.accumulator
         if pub is None:
             return False, "starting"
-        view = pub.desired_view()
-        counts = _counts(view)
-        rejected = sorted(d for d, s in view.items() if s["last_error"])
+        # Counts only: readiness runs on every heartbeat and /readyz, whatever the inventory size.
+        drivers, pools, slices = pub.counts()
+        counts = f"{drivers} drivers, {pools} pools, {slices} slices"
+        rejected = pub.rejected()
         problems = f"; rejected inventory from {', '.join(rejected)}" if rejected else ""
         if pub.standalone:
             return True, f"standalone: {counts} desired, not written{problems}"
@@ -131,6 +133,9 @@ class ResourcesComponent:
             return False, f"reading this node's slices ({acc.not_ready_reason()})"
         if not pub.synced:
             return False, "waiting for the first snapshot of this node's slices"
+        blocked = pub.blocked()
+        if blocked is not None:
+            return False, f"nothing is written: {blocked}"
         failing = pub.failing()
         if failing:
             (driver, pool), error = sorted(failing.items())[0]
@@ -153,6 +158,7 @@ class ResourcesComponent:
                 "observed_complete": acc is not None and acc.bootstrapped,
                 "synced": pub is not None and pub.synced,
                 "pending_pools": pub.pending() if pub is not None else 0,
+                "blocked": pub.blocked() if pub is not None else None,
                 "failing_pools": [
                     {"driver": d, "pool": p, "error": e}
                     for (d, p), e in sorted((pub.failing() if pub is not None else {}).items())
@@ -160,11 +166,6 @@ class ResourcesComponent:
                 "not_ready_reason": acc.not_ready_reason() if acc is not None else "starting",
             }
         return doc
-
-
-def _counts(view: Mapping[str, Any]) -> str:
-    pools = [p for d in view.values() for p in d["pools"].values()]
-    return f"{len(view)} drivers, {len(pools)} pools, {sum(len(p) for p in pools)} slices"
 
 
 def slice_summary(view: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -1,19 +1,19 @@
-"""An in-memory stand-in for the API server's ResourceSlice and Node endpoints plus the
-accumulator's read-your-writes snapshot, with fault injection, for fast publisher tests. The
-real thing is exercised in tests/integration/test_resourceslices.py."""
+"""An in-memory stand-in for the API server's ResourceSlice endpoints, the Node, and the
+accumulator's read-your-writes snapshot (both queries), with fault injection, for fast publisher
+tests. The real thing is exercised in tests/integration/test_resourceslices*.py."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import trio
 
 from nodeagent.kube import CORE_EVENTS
-from nodeagent.kube.errors import ApiError, Conflict, NotFound
-from nodeagent.kube.models import Node, ObjectMeta
+from nodeagent.kube.errors import Conflict, NotFound
 
 
 class FakeCluster:
@@ -23,7 +23,11 @@ class FakeCluster:
         self.drop_taints = drop_taints
         self.bootstrapped = True
         self.calls: list[tuple[str, str]] = []  # (verb, name)
-        self.faults: list[ApiError] = []  # raised by the next writes, in order
+        self.faults: list[Exception] = []  # raised by the next writes, in order
+        # Asked about every write (verb, body or name): an exception to raise, or None.
+        self.reject: Callable[[str, Any], Exception | None] = lambda verb, obj: None
+        self.node_uid: str | None = "node-uid-1"  # None: the Node does not exist
+        self.problem: str | None = None  # the accumulator's not_ready_reason()
         self.events: list[dict[str, Any]] = []  # core/v1 Events created, with their namespace
         self.raw: dict[str, bytes] = {}  # objects shown verbatim in snapshots
         self._rv = itertools.count(100)
@@ -49,24 +53,31 @@ class FakeCluster:
         self._bump()
         return obj
 
+    def remove_external(self, name: str) -> None:
+        """Someone else deletes an object."""
+        del self.objects[name]
+        self._bump()
+
     def put_raw(self, name: str, raw: bytes) -> None:
         self.raw[name] = raw
         self._bump()
 
-    def writes(self) -> list[tuple[str, str]]:
-        return [c for c in self.calls if c[0] != "get"]
+    def set_node(self, uid: str | None) -> None:
+        """The Node (re-)created with `uid`, or deleted (None)."""
+        self.node_uid = uid
+        self._bump()
 
-    def _fault(self) -> None:
+    def writes(self) -> list[tuple[str, str]]:
+        return list(self.calls)
+
+    def _fault(self, verb: str, obj: Any) -> None:
         if self.faults:
             raise self.faults.pop(0)
+        exc = self.reject(verb, obj)
+        if exc is not None:
+            raise exc
 
     # -- SliceWriter -----------------------------------------------------------------------
-
-    async def get(
-        self, resource: Any, name: str, namespace: str | None = None, *, into: Any
-    ) -> Any:
-        self.calls.append(("get", name))
-        return Node(metadata=ObjectMeta(name=name, uid="node-uid-1"))
 
     def _store(self, obj: dict[str, Any]) -> bytes:
         if self.drop_taints:
@@ -83,7 +94,7 @@ class FakeCluster:
             self.events.append({"namespace": namespace, **obj})
             return msgspec.json.encode(obj)
         self.calls.append(("create", obj["metadata"].get("generateName", "")))
-        self._fault()
+        self._fault("create", obj)
         meta = obj["metadata"]
         meta["name"] = f"{meta.pop('generateName')}{next(self._names):05d}"
         meta["uid"] = f"uid-{meta['name']}"
@@ -93,7 +104,7 @@ class FakeCluster:
         obj = copy.deepcopy(obj)
         name = obj["metadata"]["name"]
         self.calls.append(("update", name))
-        self._fault()
+        self._fault("update", obj)
         old = self.objects.get(name)
         if old is None:
             raise NotFound(404, "NotFound", name)
@@ -112,7 +123,7 @@ class FakeCluster:
         resource_version: str | None = None,
     ) -> bytes | None:
         self.calls.append(("delete", name))
-        self._fault()
+        self._fault("delete", name)
         old = self.objects.get(name)
         if old is None:
             raise NotFound(404, "NotFound", name)
@@ -147,6 +158,9 @@ class FakeSource:
         while self._taken == self.c._version or not self.c.bootstrapped:
             await self.c._changed.wait()
 
+    def not_ready_reason(self) -> str | None:
+        return self.c.problem
+
     def update(self, target: object, deltas: Any = None) -> bool:
         c = self.c
         if not c.bootstrapped or self._taken == c._version:
@@ -154,4 +168,8 @@ class FakeSource:
         self._taken = c._version
         shown = {n: msgspec.json.encode(o) for n, o in c.objects.items()} | c.raw
         target.resourceslices = dict(sorted(shown.items()))  # type: ignore[attr-defined]
+        node = {"metadata": {"name": c.node_name, "uid": c.node_uid}}
+        target.node = (  # type: ignore[attr-defined]
+            {("", c.node_name): msgspec.json.encode(node)} if c.node_uid is not None else {}
+        )
         return True

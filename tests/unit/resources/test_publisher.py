@@ -286,13 +286,13 @@ async def test_a_flapping_plugin_is_coalesced_and_the_latest_wins(autojump_clock
         assert obj["spec"]["devices"][0]["capacity"]["memory"]["value"] == "50Gi"
 
 
-async def test_foreign_slices_are_left_alone(autojump_clock: Any) -> None:
+async def test_other_drivers_slices_are_left_alone(autojump_clock: Any) -> None:
     cluster, plugins = FakeCluster(), Plugins()
     foreign = cluster.put_external(
         {
             "metadata": {"name": "other-driver-slice"},
             "spec": {
-                "driver": DRIVER,
+                "driver": "other.example.com",
                 "nodeName": "node-a",
                 "pool": {"name": "node-a", "generation": 7, "resourceSliceCount": 1},
                 "devices": [{"name": "x"}],

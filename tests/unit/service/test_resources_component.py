@@ -60,6 +60,7 @@ def test_one_forwarder_per_client_whatever_the_restarts() -> None:
         "observed_complete": False,
         "synced": False,
         "pending_pools": 0,
+        "blocked": None,
         "failing_pools": [],
         "not_ready_reason": "starting",
     }
