@@ -1,7 +1,15 @@
 """Multi-kind, coalescing, bootstrap-gated snapshots of cluster objects over the Rust store."""
 
 from nodeagent.accumulator.accumulator import Accumulator, QueryForbiddenError, WatchClient
-from nodeagent.accumulator.model import Delta, DeltaType, ObjectKey, ObjectMap, Query
+from nodeagent.accumulator.model import (
+    Delta,
+    DeltaType,
+    ObjectKey,
+    ObjectMap,
+    Query,
+    QueryState,
+    QueryStatus,
+)
 from nodeagent.accumulator.settings import AccumulatorSettings
 
 __all__ = [
@@ -13,5 +21,7 @@ __all__ = [
     "ObjectMap",
     "Query",
     "QueryForbiddenError",
+    "QueryState",
+    "QueryStatus",
     "WatchClient",
 ]

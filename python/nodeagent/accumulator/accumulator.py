@@ -25,7 +25,7 @@ import msgspec
 import trio
 
 from nodeagent.accumulator import metrics
-from nodeagent.accumulator.model import Delta, Query
+from nodeagent.accumulator.model import Delta, Query, QueryState, QueryStatus
 from nodeagent.accumulator.notifier import Notifier
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.accumulator.sink import StoreSink
@@ -68,7 +68,32 @@ class _Field:
         self.view = view
         self.sink = sink
         self.resource: Resource | None = query.kind if isinstance(query.kind, Resource) else None
-        self.problem: str | None = None
+        self.problem: str | None = None  # why the kind cannot be resolved
+        # update() has shown this query at least once (a consistent view exists to fall back on
+        # while it relists).
+        self.shown = False
+
+    def status(self) -> QueryStatus:
+        name, sink = self.query.name, self.sink
+        if sink.forbidden is not None:
+            return QueryStatus(name, QueryState.FORBIDDEN, f"list forbidden: {sink.forbidden}")
+        if self.problem is not None:
+            return QueryStatus(name, QueryState.SYNCING, self.problem)
+        failing = f"failed {sink.list_failures}x, last: {sink.list_error}"
+        if not sink.synced:
+            reason = f"not synced (list {failing})" if sink.list_error else "not synced"
+            return QueryStatus(name, QueryState.SYNCING, reason)
+        if sink.listing:
+            reason = f"relist {failing}" if sink.list_error else "relisting"
+            return QueryStatus(name, QueryState.RELISTING, reason)
+        return QueryStatus(name, QueryState.SYNCED)
+
+    def stuck(self) -> bool:
+        """Not synced in a way an operator must hear about (a relist merely under way is not)."""
+        st = self.status()
+        return st.state is not QueryState.SYNCED and (
+            st.state is not QueryState.RELISTING or self.sink.list_error is not None
+        )
 
 
 class Accumulator:
@@ -103,22 +128,45 @@ class Accumulator:
 
     @property
     def bootstrapped(self) -> bool:
-        """Every query has completed its initial list."""
-        return all(f.sink.synced for f in self._fields)
+        """Every query has completed its initial list (and, if it relists before the first
+        `update()`, that relist too: the first snapshot is consistent for every query)."""
+        return all(f.sink.synced and (f.shown or not f.sink.listing) for f in self._fields)
+
+    def status(self, query: str) -> QueryStatus:
+        """The state of one query (by name): whether its snapshot can be trusted, and if not
+        why. KeyError for an unknown name."""
+        for f in self._fields:
+            if f.query.name == query:
+                return f.status()
+        raise KeyError(f"no query named {query!r}")
+
+    def statuses(self) -> dict[str, QueryStatus]:
+        """Every query's state, by name."""
+        return {f.query.name: f.status() for f in self._fields}
+
+    def problems(self) -> dict[str, str]:
+        """Queries whose state an operator should hear about, with the reason: not synced yet,
+        Forbidden, kind not resolved, or a relist that failed (a relist merely under way is
+        not a problem, but its query is not `known` either)."""
+        out: dict[str, str] = {}
+        for f in self._fields:
+            if f.stuck():
+                out[f.query.name] = f.status().reason or ""
+        return out
 
     def not_ready_reason(self) -> str | None:
         """Why the snapshot is not (fully) trustworthy, for readiness; None when it is."""
-        reasons = [f"{f.query.name}: {f.problem}" for f in self._fields if f.problem]
-        reasons += [f"{f.query.name}: not synced" for f in self._fields if not f.sink.synced]
-        return "; ".join(reasons) or None
+        return "; ".join(f"{name}: {why}" for name, why in self.problems().items()) or None
 
     def _pending(self) -> bool:
-        return self._first_update or any(f.view.store.pending() for f in self._fields)
+        """update() has something to show: a query that is not relisting has changes (a
+        relisting one is held back until its relist completes, without holding the others)."""
+        return self._first_update or any(
+            f.view.store.pending() for f in self._fields if not f.sink.listing
+        )
 
     def _offer_ready(self) -> bool:
-        return (
-            self.bootstrapped and not any(f.sink.listing for f in self._fields) and self._pending()
-        )
+        return self.bootstrapped and self._pending()
 
     # -- consumer API -------------------------------------------------------------------
 
@@ -148,6 +196,7 @@ class Accumulator:
                 # A relist is half-applied (adds before deletes): keep the last consistent view.
                 continue
             got = f.view.drain()
+            f.shown = True
             if got:
                 changed = True
                 if deltas is not None:
@@ -207,22 +256,20 @@ class Accumulator:
                     field_selector=q.field_selector,
                 )
             except kube_errors.Forbidden as exc:
-                f.problem = f"list forbidden: {exc.message}"
-                metrics.FORBIDDEN.labels(q.name).set(1)
                 log.error(
-                    "query list forbidden",
+                    "query list forbidden: served as empty",
                     query=q.name,
                     resource=resource.plural,
                     namespace=namespace,
                     error=str(exc),
                     fatal=self.settings.forbidden_fatal,
+                    retry_in=self.settings.forbidden_retry,
                 )
                 if self.settings.forbidden_fatal:
                     raise QueryForbiddenError(f"query {q.name}: {exc}") from exc
-                f.sink.mark_synced()
+                # Forbidden stays the query's state until a list succeeds again.
+                f.sink.serve_forbidden(exc.message or str(exc))
                 await trio.sleep(self.settings.forbidden_retry)
-                metrics.FORBIDDEN.labels(q.name).set(0)
-                f.problem = None
 
     async def _expire_loop(self) -> None:
         period = self.settings.local_write_ttl / 4
@@ -253,6 +300,8 @@ class Accumulator:
             r = f.resource
             if r is None or (r.group, r.plural) != (ev.resource.group, ev.resource.plural):
                 continue
+            if f.sink.forbidden is not None:
+                continue  # served as empty until the list works again
             q = f.query
             ns = ev.namespace or ""
             if q.namespace is not None and r.namespaced and ns != q.namespace:

@@ -16,7 +16,13 @@ SYNCED = Gauge(
 )
 FORBIDDEN = Gauge(
     "nodeagent_accumulator_forbidden",
-    "1 while the query's list is Forbidden and the query is served as empty.",
+    "1 while the query's list is Forbidden and the query is served as empty (until a list "
+    "succeeds again).",
+    ["query"],
+)
+LIST_FAILURES = Counter(
+    "nodeagent_accumulator_list_failures_total",
+    "Failed (re)list attempts of a query (retried with backoff; Forbidden not included).",
     ["query"],
 )
 MALFORMED = Counter(

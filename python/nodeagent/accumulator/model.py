@@ -33,7 +33,9 @@ _DELTA_TYPES = (DeltaType.ADD, DeltaType.UPDATE, DeltaType.DELETE)
 
 @dataclass(frozen=True, slots=True)
 class Delta(Generic[T]):
-    """One object's coalesced change since the previous `update()`."""
+    """One object's coalesced change since the previous `update()`. An object deleted and
+    re-created under the same name (another uid) is never an update: it comes as a delete of
+    the object last shown immediately followed by an add of the new one."""
 
     query: str
     type: DeltaType
@@ -41,6 +43,35 @@ class Delta(Generic[T]):
     resource_version: str
     # The new object for add/update; the last one shown for delete.
     obj: T
+
+
+class QueryState(enum.StrEnum):
+    """Whether a query's snapshot reflects the cluster."""
+
+    # The first list has not completed (or the kind is not resolved yet): nothing is known.
+    SYNCING = "syncing"
+    # Listed, and the watch follows the cluster.
+    SYNCED = "synced"
+    # A relist (after a 410 or a Forbidden watch) is under way: the last consistent snapshot is
+    # served, and it may be stale. A relist that failed is reported in readiness.
+    RELISTING = "relisting"
+    # The list is Forbidden: the query is served as empty, what exists is unknown.
+    FORBIDDEN = "forbidden"
+
+
+@dataclass(frozen=True, slots=True)
+class QueryStatus:
+    """One query's state, and why it is not `SYNCED` (None when it is)."""
+
+    query: str
+    state: QueryState
+    reason: str | None = None
+
+    @property
+    def known(self) -> bool:
+        """The snapshot shows what exists: safe to act on absences (e.g. to create what is
+        missing). Only a synced query is."""
+        return self.state is QueryState.SYNCED
 
 
 @dataclass(frozen=True)  # no slots: Query[T](...) must be able to set __orig_class__

@@ -4,6 +4,7 @@ GIL), small ones inline, where a thread hop would cost more than the parse."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -32,6 +33,12 @@ class StoreSink:
         # The first list has completed (or was Forbidden and counts as empty).
         self.synced = False
         self.relists = 0
+        # Why the current (re)list keeps failing, and how often it has; reset by a complete list.
+        self.list_error: str | None = None
+        self.list_failures = 0
+        # The list was Forbidden (the error's message): the store is kept empty until a list
+        # completes again.
+        self.forbidden: str | None = None
 
     async def _run(self, fn: Callable[[bytes], R], data: bytes) -> R:
         if len(data) >= self.thread_threshold:
@@ -63,6 +70,32 @@ class StoreSink:
         if self.synced:
             self.relists += 1
             log.info("relist complete", query=self.query, vanished=gone)
+        if self.list_failures:
+            log.info("list recovered", query=self.query, failures=self.list_failures)
+        self.list_error = None
+        self.list_failures = 0
+        if self.forbidden is not None:
+            self.forbidden = None
+            metrics.FORBIDDEN.labels(self.query).set(0)
+        self.mark_synced()
+
+    def list_failed(self, error: Exception, retry_in: float) -> None:
+        """The watch loop's (re)list failed and will be retried in ``retry_in`` seconds."""
+        self.list_failures += 1
+        self.list_error = str(error) or type(error).__name__
+        metrics.LIST_FAILURES.labels(self.query).inc()
+
+    def serve_forbidden(self, message: str) -> None:
+        """The list is Forbidden: whatever the store held (a good list from before RBAC was
+        revoked, own writes) is no longer known to exist, so the query is served as empty."""
+        if self.forbidden is None:
+            metrics.FORBIDDEN.labels(self.query).set(1)
+        self.forbidden = message
+        self.list_error = None
+        self.list_failures = 0
+        self.store.begin_list()
+        self.store.end_list("")  # nothing listed: every watched object goes
+        self.store.expire(math.inf)  # and every own write not yet confirmed
         self.mark_synced()
 
     def mark_synced(self) -> None:

@@ -2,16 +2,17 @@
 
 The loop lists (paged), then watches from the list's resourceVersion with bookmarks, a
 jittered server timeout and a client inactivity timeout. A watch that ends or breaks resumes
-from the newest resourceVersion seen; only a 410 (at watch start or as an ERROR event) relists,
-and then the sink reports the difference. The loop never parses an event itself: the sink's
-`FeedResult` tells it the newest resourceVersion and any ERROR event.
+from the newest resourceVersion seen; only a 410 (at watch start or as an ERROR event) or a
+Forbidden watch (its relist tells whether access was revoked) relists, and then the sink reports
+the difference. The loop never parses an event itself: the sink's `FeedResult` tells it the
+newest resourceVersion and any ERROR event.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol, runtime_checkable
 
 import httpx
 import trio
@@ -59,6 +60,15 @@ class WatchSink(Protocol):
 
     async def end_stream(self) -> None:
         """The watch connection ended: drop a partial line."""
+
+
+@runtime_checkable
+class ListFailureSink(Protocol):
+    """Optional: a sink that also wants to know why a (re)list failed (e.g. for readiness).
+    Every other failure is retried by the loop and only logged."""
+
+    def list_failed(self, error: Exception, retry_in: float) -> None:
+        """The list since the last `begin_list` failed; it is retried in ``retry_in`` s."""
 
 
 class _Watch:
@@ -149,6 +159,13 @@ class _Watch:
         except errors.Gone:
             self.rv = None
             return "gone"
+        except errors.Forbidden as exc:
+            # Access was revoked since the list (a watch is authorized when it opens): what the
+            # sink holds can no longer be kept up to date. Relist: the list either works again
+            # or raises Forbidden to the caller, which decides what a Forbidden resource means.
+            log.warning("watch forbidden: relisting", resource=self.label, error=str(exc))
+            self.rv = None
+            return "forbidden"
         except errors.ApiError as exc:
             log.warning("watch request failed", resource=self.label, error=str(exc))
             self.retry_after = exc.retry_after
@@ -185,8 +202,10 @@ async def run_watch(
 ) -> NoReturn:
     """List then watch until cancelled. ``on_synced`` runs after the first complete list.
 
-    A failed list is retried with backoff, except `Forbidden`, which is raised: whether to go
-    on without that resource is the caller's decision.
+    A failed list is retried with backoff (and reported to a `ListFailureSink`), except
+    `Forbidden`, which is raised: whether to go on without that resource is the caller's
+    decision. A Forbidden watch (access revoked after the list) relists after the backoff, so
+    it ends the same way.
     """
     w = _Watch(client, resource, sink, namespace, label_selector, field_selector)
     backoff = Backoff(*client.watch_backoff, rng=client.rng)
@@ -202,6 +221,8 @@ async def run_watch(
                 if isinstance(exc, errors.ApiError) and exc.retry_after is not None:
                     delay = min(exc.retry_after, client.max_retry_after)
                 log.warning("list failed", resource=w.label, error=str(exc), retry_in=delay)
+                if isinstance(sink, ListFailureSink):
+                    sink.list_failed(exc, delay)
                 await trio.sleep(delay)
                 continue
             if not synced:

@@ -107,14 +107,15 @@ impl Store {
         self.lock().expire(now)
     }
 
-    /// Number of keys changed since the last drain (an upper bound on the deltas it will give).
+    /// Number of keys changed since the last drain (0 when a drain would give no delta).
     fn pending(&self) -> usize {
         self.lock().pending()
     }
 
     /// Returns the coalesced deltas since the last drain as a list of
     /// (kind, namespace, name, resourceVersion, raw bytes or None); kind 0=add, 1=update,
-    /// 2=delete. `accept(namespace, name, raw)` is called only for added or changed objects
+    /// 2=delete. An object deleted and re-created under the same name (another uid) since the
+    /// last drain gives a delete (of the one shown) immediately followed by an add. `accept(namespace, name, raw)` is called only for added or changed objects
     /// and answers True (show), False (exclude) or None (reject: keep showing the last good
     /// version). If `accept` raises, nothing is drained.
     #[pyo3(signature = (accept=None))]

@@ -52,9 +52,26 @@ impl Local {
 #[derive(Clone, PartialEq)]
 pub enum Shown {
     Absent,
-    Visible(Rv),
+    /// Shown at this resourceVersion; the uid tells a re-created object from an updated one.
+    Visible(Rv, Uid),
     /// Present but excluded by the predicate (or rejected) at this resourceVersion.
     Excluded(Rv),
+}
+
+impl Shown {
+    /// The consumer's filter has already answered for the object at `rv`.
+    fn judged(&self, rv: &Rv) -> bool {
+        match self {
+            Shown::Visible(s, _) | Shown::Excluded(s) => s == rv,
+            Shown::Absent => false,
+        }
+    }
+}
+
+/// Another object under the same name (deleted and re-created between two drains). An empty uid
+/// is unknown, not different: only two known uids can tell.
+fn replaced(shown: &Uid, now: &Uid) -> bool {
+    *shown != Uid::Empty && *now != Uid::Empty && shown != now
 }
 
 struct Entry {
@@ -594,7 +611,7 @@ impl Table {
     pub fn shown_keys(&self) -> Vec<&str> {
         self.map
             .iter()
-            .filter(|(_, e)| matches!(e.shown, Shown::Visible(_)))
+            .filter(|(_, e)| matches!(e.shown, Shown::Visible(..)))
             .map(|(k, _)| &**k)
             .collect()
     }
@@ -622,17 +639,15 @@ impl Table {
             .filter_map(|k| {
                 let e = self.map.get(k).expect("dirty entry exists");
                 let o = e.effective()?;
-                let judged = match &e.shown {
-                    Shown::Visible(rv) | Shown::Excluded(rv) => *rv == o.rv,
-                    Shown::Absent => false,
-                };
-                (!judged).then_some((&**k, &*o.raw))
+                (!e.shown.judged(&o.rv)).then_some((&**k, &*o.raw))
             })
             .collect()
     }
 
     /// Computes the coalesced deltas for every dirty key and records them as shown.
     /// `verdict` is consulted for each key `to_judge` returned (it must answer for those).
+    /// An object shown under one uid and now included under another was deleted and re-created:
+    /// it gives a delete (of the one shown) followed by an add, never an update.
     pub fn drain(
         &mut self,
         mut verdict: impl FnMut(&str) -> Verdict,
@@ -642,47 +657,34 @@ impl Table {
         for key in dirty {
             let e = self.map.get_mut(&key).expect("dirty entry exists");
             e.dirty = false;
-            let cur = e.effective().map(|o| o.rv.clone());
-            let was_visible = matches!(e.shown, Shown::Visible(_));
-            let (next, delta) = match cur {
-                None => (Shown::Absent, was_visible.then_some(DeltaKind::Delete)),
-                Some(rv) => {
-                    let judged = match &e.shown {
-                        Shown::Visible(s) | Shown::Excluded(s) => *s == rv,
-                        Shown::Absent => false,
-                    };
-                    if judged {
-                        (e.shown.clone(), None)
+            let next = match e.effective().map(|o| (o.rv.clone(), o.uid.clone())) {
+                None => Shown::Absent,
+                Some((rv, _)) if e.shown.judged(&rv) => e.shown.clone(),
+                Some((rv, uid)) => match verdict(&key) {
+                    Verdict::Include => Shown::Visible(rv, uid),
+                    Verdict::Exclude => Shown::Excluded(rv),
+                    Verdict::Reject => e.shown.clone(),
+                },
+            };
+            match (&e.shown, &next) {
+                (Shown::Visible(old, _), Shown::Absent | Shown::Excluded(_)) => {
+                    out.push((DeltaKind::Delete, key.clone(), old.to_string()));
+                }
+                (Shown::Visible(old, was), Shown::Visible(rv, uid)) if *old != *rv => {
+                    if replaced(was, uid) {
+                        out.push((DeltaKind::Delete, key.clone(), old.to_string()));
+                        out.push((DeltaKind::Add, key.clone(), rv.to_string()));
                     } else {
-                        match verdict(&key) {
-                            Verdict::Include => {
-                                let kind = if was_visible {
-                                    DeltaKind::Update
-                                } else {
-                                    DeltaKind::Add
-                                };
-                                (Shown::Visible(rv), Some(kind))
-                            }
-                            Verdict::Exclude => (
-                                Shown::Excluded(rv),
-                                was_visible.then_some(DeltaKind::Delete),
-                            ),
-                            Verdict::Reject => (e.shown.clone(), None),
-                        }
+                        out.push((DeltaKind::Update, key.clone(), rv.to_string()));
                     }
                 }
-            };
-            let rv = match (&delta, &next, &e.shown) {
-                (Some(DeltaKind::Delete), _, Shown::Visible(old)) => old.to_string(),
-                (_, Shown::Visible(rv), _) => rv.to_string(),
-                _ => String::new(),
-            };
-            e.shown = next;
-            let dead = e.is_dead();
-            if let Some(kind) = delta {
-                out.push((kind, key.clone(), rv));
+                (Shown::Absent | Shown::Excluded(_), Shown::Visible(rv, _)) => {
+                    out.push((DeltaKind::Add, key.clone(), rv.to_string()));
+                }
+                _ => {}
             }
-            if dead {
+            e.shown = next;
+            if e.is_dead() {
                 self.map.remove(&key);
             }
         }

@@ -24,6 +24,7 @@ class FakeClient:
         self.sinks: dict[str, WatchSink] = {}
         self.watch_args: dict[str, dict[str, str | None]] = {}
         self.forbidden: set[str] = set()
+        self._revoked: dict[str, trio.Event] = {}
         self.observers: list[Callable[[WriteEvent], None]] = []
         self._started: dict[str, trio.Event] = {}
 
@@ -55,8 +56,16 @@ class FakeClient:
             raise errors.Forbidden(403, "Forbidden", f"cannot list {resource.plural}")
         self.sinks[resource.plural] = sink
         self.started(resource.plural).set()
-        await trio.sleep_forever()
-        raise AssertionError("unreachable")
+        revoked = self._revoked.setdefault(resource.plural, trio.Event())
+        await revoked.wait()
+        raise errors.Forbidden(403, "Forbidden", f"cannot list {resource.plural} any more")
+
+    def revoke(self, plural: str) -> None:
+        """Access to ``plural`` is revoked: its running watch ends with Forbidden (as the watch
+        loop's relist does), and so does every attempt until ``forbidden`` is cleared."""
+        self.forbidden.add(plural)
+        self._started.pop(plural, None)
+        self._revoked.pop(plural, trio.Event()).set()
 
     def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
         self.observers.append(fn)

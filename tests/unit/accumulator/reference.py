@@ -51,7 +51,8 @@ class Local:
 class Entry:
     watch: Obj | None = None
     local: Local | None = None
-    shown: tuple[str, str] | None = None  # ("visible"|"excluded", rv)
+    # ("visible", rv, uid) or ("excluded", rv, ""): what the consumer saw at the last drain
+    shown: tuple[str, str, str] | None = None
     dirty: bool = False
     seen: int = 0
 
@@ -288,38 +289,41 @@ class RefStore:
                     continue
                 ns, _, name = key.partition("/")
                 verdicts[key] = accept(ns, name, o.raw)
-        out = []
+        out: list[tuple[int, str, str, str, bytes | None]] = []
         dirty, self.dirty = self.dirty, []
         for key in dirty:
             e = self.map[key]
             e.dirty = False
             o = e.effective()
-            visible = e.shown is not None and e.shown[0] == "visible"
-            delta: int | None = None
-            nxt = e.shown
-            rv = ""
+            nxt: tuple[str, str, str] | None
             if o is None:
                 nxt = None
-                if visible:
-                    delta = 2
-                    rv = e.shown[1] if e.shown else ""
             elif e.shown is not None and e.shown[1] == o.rv:
-                pass
+                nxt = e.shown
             else:
                 v = verdicts.get(key, True)
                 if v is True:
-                    nxt = ("visible", o.rv)
-                    delta = 1 if visible else 0
-                    rv = o.rv
+                    nxt = ("visible", o.rv, o.uid)
                 elif v is False:
-                    nxt = ("excluded", o.rv)
-                    if visible:
-                        delta = 2
-                        rv = e.shown[1] if e.shown else ""
-            e.shown = nxt
+                    nxt = ("excluded", o.rv, "")
+                else:
+                    nxt = e.shown
             ns, _, name = key.partition("/")
-            if delta is not None:
-                out.append((delta, ns, name, rv, None if delta == 2 else o.raw if o else None))
+            was, now = e.shown, nxt
+            if was is not None and was[0] == "visible":
+                if now is None or now[0] == "excluded":
+                    out.append((2, ns, name, was[1], None))
+                elif now[1] != was[1]:
+                    assert o is not None
+                    if was[2] and now[2] and was[2] != now[2]:  # deleted and re-created
+                        out.append((2, ns, name, was[1], None))
+                        out.append((0, ns, name, now[1], o.raw))
+                    else:
+                        out.append((1, ns, name, now[1], o.raw))
+            elif now is not None and now[0] == "visible":
+                assert o is not None
+                out.append((0, ns, name, now[1], o.raw))
+            e.shown = nxt
             if e.dead():
                 del self.map[key]
         return out

@@ -24,8 +24,12 @@ from nodeagent.accumulator import (
     ObjectMap,
     Query,
     QueryForbiddenError,
+    QueryState,
+    QueryStatus,
 )
+from nodeagent.accumulator.sink import StoreSink
 from nodeagent.config.errors import ConfigError
+from nodeagent.kube import errors
 from nodeagent.kube.client import WriteEvent
 from nodeagent.kube.models import ConfigMap
 from nodeagent.kube.resource import CONFIGMAPS
@@ -466,10 +470,18 @@ async def test_forbidden_counts_as_synced_empty(autojump_clock: trio.testing.Moc
         reason = acc.not_ready_reason()
         assert reason is not None and "widgets: list forbidden" in reason
         assert metric("nodeagent_accumulator_forbidden", query="widgets") == 1
-        # RBAC fixed: the next attempt lists for real.
+        assert acc.status("widgets").state is QueryState.FORBIDDEN
+        assert not acc.status("widgets").known and acc.status("cms").known
+        # RBAC fixed: the next attempt lists for real; Forbidden until that list completes.
         client.forbidden.clear()
         w = await client.sink("widgets")
+        await w.begin_list()
+        assert acc.status("widgets").state is QueryState.FORBIDDEN
+        await w.list_page(page([], 2))
+        await w.end_list("2")
         assert acc.not_ready_reason() is None
+        assert acc.status("widgets") == QueryStatus("widgets", QueryState.SYNCED)
+        assert metric("nodeagent_accumulator_forbidden", query="widgets") == 0
         await w.feed(event("ADDED", obj("w", 3, kind="Widget")))
         acc.update(snap)
         assert names(snap.widgets) == [("default", "w")]
@@ -595,3 +607,169 @@ def test_invalid_settings_and_queries() -> None:
         Accumulator(FakeClient(), [CMS, CMS])
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"max_interval": 1, "nope": 2}, AccumulatorSettings)
+
+
+# -- issue 9: stuck relists, re-created objects, Forbidden after a good list ----------------
+
+
+async def test_stuck_relist_does_not_silence_other_queries(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(max_interval=1.0) as (acc, client):
+        cm = await bootstrap(client, obj("a", 1))
+        snap = Snap()
+        await acc.changed()
+        acc.update(snap)
+        widgets = await client.sink("widgets")
+        await cm.begin_list()  # a relist after a 410 that does not complete
+        await cm.list_page(page([obj("b", 7)], 7))  # half applied
+        await widgets.feed(event("ADDED", obj("w", 8, kind="Widget")))
+        assert await notified_within(acc, 1.5)
+        deltas: list[Delta[Any]] = []
+        assert acc.update(snap, deltas)
+        assert [(d.query, d.type, d.key.name) for d in deltas] == [("widgets", DeltaType.ADD, "w")]
+        assert names(snap.cms) == [("default", "a")]  # the last consistent view
+        # A relist under way is not a readiness problem, but the query is not known either.
+        assert acc.not_ready_reason() is None
+        assert acc.status("cms").state is QueryState.RELISTING and not acc.status("cms").known
+        assert acc.problems() == {}
+        # The relist fails, and is retried by the watch loop: readiness names query and error.
+        assert isinstance(cm, StoreSink)
+        for _ in range(3):
+            cm.list_failed(errors.InternalError(500, "InternalError", "etcd is down"), 1.0)
+            await cm.begin_list()
+        reason = acc.not_ready_reason()
+        assert reason == "cms: relist failed 3x, last: 500 InternalError: etcd is down"
+        assert acc.problems() == {"cms": "relist failed 3x, last: 500 InternalError: etcd is down"}
+        assert metric("nodeagent_accumulator_list_failures_total", query="cms") >= 3
+        await widgets.feed(event("MODIFIED", obj("w", 9, kind="Widget")))
+        assert await notified_within(acc, 1.5)
+        assert acc.update(snap, deltas)
+        assert [(d.query, d.type) for d in deltas] == [("widgets", DeltaType.UPDATE)]
+        # The relist completes at last: its difference is offered, readiness is clear.
+        await cm.list_page(page([obj("b", 7)], 10))
+        await cm.end_list("10")
+        assert await notified_within(acc, 1.5)
+        assert acc.update(snap, deltas)
+        assert [(d.type, d.key.name) for d in deltas] == [
+            (DeltaType.DELETE, "a"),
+            (DeltaType.ADD, "b"),
+        ]
+        assert acc.not_ready_reason() is None and acc.status("cms").known
+
+
+async def test_first_snapshot_waits_for_a_relist_begun_before_it(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running() as (acc, client):
+        cm = await bootstrap(client, obj("a", 1))
+        await cm.begin_list()  # a 410 before the consumer ever looked
+        await cm.list_page(page([obj("b", 2)], 2))
+        assert not await notified_within(acc, 30)
+        assert not acc.update(Snap())  # half a relist is never the first snapshot
+        await cm.end_list("2")
+        await acc.changed()
+        snap = Snap()
+        assert acc.update(snap)
+        assert names(snap.cms) == [("default", "b")]
+
+
+async def test_first_list_failures_are_reported(autojump_clock: trio.testing.MockClock) -> None:
+    async with running() as (acc, client):
+        cm = await client.sink("configmaps")
+        await cm.begin_list()
+        assert isinstance(cm, StoreSink)
+        cm.list_failed(errors.ServiceUnavailable(503, "ServiceUnavailable", "starting"), 0.5)
+        assert (
+            acc.problems()["cms"]
+            == "not synced (list failed 1x, last: 503 ServiceUnavailable: starting)"
+        )
+        assert acc.status("widgets") == QueryStatus("widgets", QueryState.SYNCING, "not synced")
+
+
+def replaced_cm(name: str, rv: int, uid: str, **data: str) -> dict[str, Any]:
+    return obj(name, rv, uid=uid, data=data)
+
+
+async def test_recreated_object_is_a_delete_and_an_add(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running() as (acc, client):
+        cm = await bootstrap(client, replaced_cm("a", 1, "uid-1", v="old"), obj("b", 2))
+        snap = Snap()
+        acc.update(snap)
+        await cm.feed(
+            event("DELETED", replaced_cm("a", 3, "uid-1", v="old"))
+            + event("ADDED", replaced_cm("a", 4, "uid-2", v="new"))
+            + event("MODIFIED", obj("b", 5))
+        )
+        deltas: list[Delta[Any]] = []
+        assert acc.update(snap, deltas)
+        assert [(d.type, d.key.name, d.resource_version) for d in deltas] == [
+            (DeltaType.DELETE, "a", "1"),
+            (DeltaType.ADD, "a", "4"),
+            (DeltaType.UPDATE, "b", "5"),
+        ]
+        assert deltas[0].obj.metadata.uid == "uid-1" and deltas[0].obj.data == {"v": "old"}
+        assert deltas[1].obj.metadata.uid == "uid-2" and deltas[1].obj.data == {"v": "new"}
+        assert snap.cms[ObjectKey("default", "a")].metadata.uid == "uid-2"
+        assert metric("nodeagent_accumulator_objects", query="cms") == 2
+        # Re-created while the watch was away: the relist shows another uid under the name.
+        await cm.begin_list()
+        await cm.list_page(page([replaced_cm("a", 9, "uid-3"), obj("b", 5)], 9))
+        await cm.end_list("9")
+        assert acc.update(snap, deltas)
+        assert [(d.type, d.key.name, d.obj.metadata.uid) for d in deltas] == [
+            (DeltaType.DELETE, "a", "uid-2"),
+            (DeltaType.ADD, "a", "uid-3"),
+        ]
+        # Own delete and re-create through the agent's client (read-your-writes) alike.
+        client.write(write("delete", None, "a"))
+        client.write(write("create", replaced_cm("a", 12, "uid-4"), "a"))
+        assert acc.update(snap, deltas)
+        assert [(d.type, d.obj.metadata.uid) for d in deltas] == [
+            (DeltaType.DELETE, "uid-3"),
+            (DeltaType.ADD, "uid-4"),
+        ]
+
+
+async def test_forbidden_after_a_good_list_serves_empty(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with running(forbidden_retry=100) as (acc, client):
+        await bootstrap(client, obj("a", 1), obj("b", 2))
+        snap = Snap()
+        await acc.changed()
+        acc.update(snap)
+        client.write(write("create", obj("own", 3), "own"))  # not yet confirmed by the watch
+        acc.update(snap)
+        assert len(snap.cms) == 3
+        client.revoke("configmaps")  # RBAC revoked; the relist is Forbidden
+        revoked_at = trio.current_time()
+        await acc.changed()
+        deltas: list[Delta[Any]] = []
+        assert acc.update(snap, deltas)
+        assert len(snap.cms) == 0
+        assert sorted((d.type, d.key.name) for d in deltas) == [
+            (DeltaType.DELETE, "a"),
+            (DeltaType.DELETE, "b"),
+            (DeltaType.DELETE, "own"),
+        ]
+        st = acc.status("cms")
+        assert st.state is QueryState.FORBIDDEN and not st.known
+        assert st.reason == "list forbidden: cannot list configmaps any more"
+        assert acc.not_ready_reason() == "cms: list forbidden: cannot list configmaps any more"
+        assert metric("nodeagent_accumulator_forbidden", query="cms") == 1
+        # Writes seen meanwhile do not make it look known again.
+        client.write(write("create", obj("c", 4), "c"))
+        assert not acc.update(snap) and len(snap.cms) == 0
+        # Access restored: the next attempt (after forbidden_retry) lists for real.
+        client.forbidden.discard("configmaps")
+        cm = await client.sink("configmaps")
+        assert trio.current_time() - revoked_at == pytest.approx(100)
+        await synced(cm, obj("a", 1), obj("c", 4), rv=5)
+        await acc.changed()
+        assert acc.update(snap, deltas)
+        assert names(snap.cms) == [("default", "a"), ("default", "c")]
+        assert acc.status("cms").known and acc.not_ready_reason() is None
+        assert metric("nodeagent_accumulator_forbidden", query="cms") == 0

@@ -1,9 +1,11 @@
 """Hypothesis drives random event sequences through the Rust store and the Python reference
 and requires identical observable behaviour: feed results, pending counts, held objects,
-snapshots and deltas."""
+snapshots and deltas. A consumer applying the deltas in order must end with exactly the shown
+objects, and an update never changes an object's uid (a re-created object is a delete + add)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -65,6 +67,8 @@ class Driver:
         self.rv = 100
         self.buf = b""
         self.now = 0.0
+        # What a consumer applying the deltas in order holds: (namespace, name) -> uid.
+        self.consumer: dict[tuple[str, str], str] = {}
 
     def both(self, method: str, *args: Any) -> Any:
         a = getattr(self.rust, method)(*args)
@@ -137,7 +141,24 @@ class Driver:
             fn = accept if op[1] else None
             a, b = self.both("drain", fn)
             assert sorted(a) == sorted(b)
+            self.consume(a)
         self.check()
+
+    def consume(self, deltas: list[tuple[int, str, str, str, bytes | None]]) -> None:
+        for kind, ns, name, _rv, raw in deltas:
+            key = (ns, name)
+            if kind == 2:
+                assert key in self.consumer
+                del self.consumer[key]
+                continue
+            assert raw is not None
+            uid = json.loads(raw)["metadata"]["uid"]
+            if kind == 0:
+                assert key not in self.consumer
+            else:
+                assert self.consumer[key] == uid, "an update must not hide a re-created object"
+            self.consumer[key] = uid
+        assert sorted(self.consumer) == sorted(self.rust.shown_keys())
 
     def check(self) -> None:
         assert self.rust.pending() == self.ref.pending()

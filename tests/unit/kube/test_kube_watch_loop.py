@@ -14,6 +14,7 @@ import trio.testing
 from nodeagent.kube import CONFIGMAPS, KubeClient, ObjectCache, errors
 from nodeagent.kube.informer import EventType
 from nodeagent.kube.kubeconfig import ClusterConfig
+from nodeagent.kube.watch import ListFailureSink
 from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, obj, status
 
 
@@ -270,3 +271,75 @@ async def test_informer_yields_decoded_events_and_relist_difference(
     assert seen[:3] == [("ADDED", "a", "1"), ("ADDED", "b", "2"), ("MODIFIED", "a", "3")]
     # "a" is unchanged since the event at rv 3: no spurious update.
     assert sorted(seen[3:]) == [("ADDED", "c", "4"), ("DELETED", "b", "2")]
+
+
+class ReportingSink(Sink):
+    """A sink that also wants to know why a list failed (`ListFailureSink`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures: list[tuple[str, float]] = []
+
+    def list_failed(self, error: Exception, retry_in: float) -> None:
+        self.failures.append((str(error), retry_in))
+
+
+async def test_list_failures_are_reported_to_a_sink_that_asks(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    assert isinstance(ReportingSink(), ListFailureSink) and not isinstance(Sink(), ListFailureSink)
+    fake.objects = {"a": "1"}
+    fake.list_errors = [status(500, "InternalError", "etcd"), status(503, "Unavailable", "busy")]
+    sink = ReportingSink()
+    async with mock_client(fake, max_attempts=1) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns"))
+        await fake.wait(lambda: len(fake.watches) == 1)
+        nursery.cancel_scope.cancel()
+    assert [msg for msg, _ in sink.failures] == ["500 InternalError: etcd", "503 Unavailable: busy"]
+    gaps = [b - a for a, b in itertools.pairwise(fake.lists)]
+    assert [delay for _, delay in sink.failures] == pytest.approx(gaps)
+    assert sink.events == [("ADDED", "a", "1")]
+
+
+def _revoke_after_first_list(fake: FakeCluster, *errors_after: httpx.Response) -> Any:
+    async def server(request: httpx.Request) -> httpx.Response:
+        response = await fake(request)
+        if request.url.params.get("watch") != "true" and len(fake.lists) == 1:
+            fake.list_errors = list(errors_after)
+        return response
+
+    return server
+
+
+async def test_forbidden_watch_relists_and_a_forbidden_relist_is_raised(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    # Access revoked after a good list: the watch reconnect is refused first.
+    fake.objects = {"a": "1"}
+    fake.scripts = [status(403, "Forbidden", "revoked")]
+    server = _revoke_after_first_list(fake, status(403, "Forbidden", "revoked"))
+    sink = Sink()
+    async with mock_client(server, max_attempts=1) as client:
+        with trio.fail_after(60), pytest.raises(errors.Forbidden, match="revoked"):
+            await client.run_watch(CONFIGMAPS, sink, namespace="ns")
+    assert len(fake.watches) == 1 and len(fake.lists) == 2
+
+
+async def test_transiently_forbidden_watch_relists_and_resumes(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    fake.objects = {"a": "1"}
+    fake.scripts = [status(403, "Forbidden", "authorizer hiccup")]
+
+    async def server(request: httpx.Request) -> httpx.Response:
+        if len(fake.lists) == 1 and request.url.params.get("watch") != "true":
+            fake.objects, fake.rv = {"a": "1", "b": "12"}, "12"  # changed meanwhile
+        return await fake(request)
+
+    sink = Sink()
+    async with mock_client(server, max_attempts=1) as client, trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns"))
+        await fake.wait(lambda: len(fake.watches) == 2)
+        nursery.cancel_scope.cancel()
+    assert [rv for _, rv in fake.watches] == ["10", "12"]  # relisted, then watched from there
+    assert sink.events == [("ADDED", "a", "1"), ("ADDED", "b", "12")]
