@@ -1,5 +1,6 @@
 """The accumulator against the real kube-apiserver: kates' five behaviours, read-your-writes
-coherence, multi-kind gating with a CRD, a relist after 410, and a Forbidden list."""
+coherence, multi-kind gating with a CRD, a relist after 410, a Forbidden list (first, and after a
+good list when RBAC is revoked), and objects deleted and re-created under one name."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from nodeagent.accumulator import (
     DeltaType,
     ObjectMap,
     Query,
+    QueryState,
 )
 from nodeagent.kube import (
     CONFIGMAPS,
@@ -538,3 +540,125 @@ async def test_forbidden_list_counts_as_synced_empty(apiserver: ApiServer) -> No
         assert len(snap.cms) == 0
         reason = acc.not_ready_reason()
         assert reason is not None and reason.startswith("cms: list forbidden")
+
+
+# -- issue 9: re-created objects, Forbidden after a good list ---------------------------------
+
+
+def _uids(deltas: list[Delta[Any]]) -> list[tuple[str, str, str]]:
+    return [(d.type.value, d.key.name, d.obj.metadata.uid) for d in deltas]
+
+
+async def test_recreated_configmap_is_a_delete_and_an_add(
+    apiserver: ApiServer, admin_client: KubeClient, ns: str
+) -> None:
+    gate = Gate()  # open: only tells when the watch has delivered a resourceVersion
+    async with (
+        client_for(apiserver, "admin") as client,
+        accumulating(GatedWatches(client, {"configmaps": gate}), [cm_query(ns)]) as acc,
+    ):
+        snap = Snap()
+        await until(acc, snap, lambda s: True)
+        first = await admin_client.create(CONFIGMAPS, cm("x", v="old"), ns, into=ConfigMap)
+        await until(acc, snap, lambda s: "x" in data_of(s.cms))
+        # Between two wake-ups of the consumer, the ConfigMap is deleted and re-created.
+        await admin_client.delete(CONFIGMAPS, "x", ns)
+        second = await admin_client.create(CONFIGMAPS, cm("x", v="new"), ns, into=ConfigMap)
+        with trio.fail_after(30):
+            await gate.wait_ingested(second.metadata.resource_version)
+            await acc.changed()
+        deltas: list[Delta[Any]] = []
+        assert acc.update(snap, deltas)
+    old_uid, new_uid = first.metadata.uid, second.metadata.uid
+    assert old_uid != new_uid
+    assert _uids(deltas) == [("delete", "x", old_uid), ("add", "x", new_uid)]
+    assert deltas[0].obj.data == {"v": "old"} and deltas[1].obj.data == {"v": "new"}
+    (shown,) = snap.cms.values_list()
+    assert shown.metadata.uid == new_uid
+
+
+async def test_recreated_while_the_watch_was_away_is_a_delete_and_an_add(
+    apiserver: ApiServer, admin_client: KubeClient, ns: str
+) -> None:
+    # core/v1 Events have no watch cache: after compaction the watch gets 410 and relists.
+    await admin_client.create(CORE_EVENTS, core_event("e1", ns, "old"), ns)
+    config = client_for(apiserver, "admin").config
+    async with HoldableStreams(config, watch_timeout=(1, 1), watch_backoff=(0.05, 0.2)) as client:
+        client.held, client.release = trio.Event(), trio.Event()
+        query = Query("events", "v1", "Event", namespace=ns, into=Gizmo)  # metadata is enough
+        async with accumulating(client, [query]) as acc:
+            snap = Snap()
+            await until(acc, snap, lambda s: len(s.events) == 1)
+            (before,) = snap.events.values_list()
+            client.hold = True
+            with trio.fail_after(30):
+                await client.held.wait()
+            await admin_client.delete(CORE_EVENTS, "e1", ns)
+            await admin_client.create(CORE_EVENTS, core_event("e1", ns, "new"), ns)
+            await trio.to_thread.run_sync(apiserver.compact)
+            client.hold = False
+            client.release.set()
+            deltas = await until(
+                acc, snap, lambda s: s.events.values_list()[0].metadata.uid != before.metadata.uid
+            )
+    (after,) = snap.events.values_list()
+    assert _uids(deltas) == [
+        ("delete", "e1", before.metadata.uid),
+        ("add", "e1", after.metadata.uid),
+    ]
+
+
+ROLES = Resource(
+    group="rbac.authorization.k8s.io", version="v1", plural="roles", kind="Role", namespaced=True
+)
+ROLEBINDINGS = Resource(
+    group="rbac.authorization.k8s.io",
+    version="v1",
+    plural="rolebindings",
+    kind="RoleBinding",
+    namespaced=True,
+)
+
+
+def _cm_reader_binding() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "cm-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "cm-reader"},
+        "subjects": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:node:node-a"}
+        ],
+    }
+
+
+async def test_forbidden_after_a_good_list_is_served_empty(
+    apiserver: ApiServer, admin_client: KubeClient, ns: str
+) -> None:
+    # node-a may list and watch this namespace's ConfigMaps only through this RoleBinding.
+    rule = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}
+    await admin_client.create(ROLES, {"metadata": {"name": "cm-reader"}, "rules": [rule]}, ns)
+    await admin_client.create(ROLEBINDINGS, _cm_reader_binding(), ns)
+    for name in ("a", "b"):
+        await admin_client.create(CONFIGMAPS, cm(name, v="1"), ns)
+    # Watches end every second, so the revocation is noticed when the watch reconnects.
+    node = client_for(apiserver, "node-a", watch_timeout=(1, 1), watch_backoff=(0.05, 0.2))
+    async with node as client, accumulating(client, [cm_query(ns)], forbidden_retry=1) as acc:
+        snap = Snap()
+        with trio.fail_after(30):
+            while len(snap.cms) < 2 or not acc.status("cms").known:
+                await acc.changed()
+                acc.update(snap)
+        await admin_client.delete(ROLEBINDINGS, "cm-reader", ns)
+        deltas = await until(acc, snap, lambda s: len(s.cms) == 0)
+        assert sorted((d.type.value, d.key.name) for d in deltas) == [
+            ("delete", "a"),
+            ("delete", "b"),
+        ]
+        status = acc.status("cms")
+        assert status.state is QueryState.FORBIDDEN and not status.known
+        reason = acc.not_ready_reason()
+        assert reason is not None and reason.startswith("cms: list forbidden: ")
+        assert 'cannot list resource "configmaps"' in reason
+        # Access restored: the next attempt lists for real and the objects come back.
+        await admin_client.create(ROLEBINDINGS, _cm_reader_binding(), ns)
+        await until(acc, snap, lambda s: len(s.cms) == 2, limit=60)
+        assert acc.status("cms").known and acc.not_ready_reason() is None
