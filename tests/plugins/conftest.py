@@ -32,6 +32,8 @@ def fast_settings(registry: str, **overrides: object) -> PluginSettings:
         "scan_interval": 0.02,
         "probe_interval": 0.2,
         "probe_failures": 2,
+        "probe_get_info_timeout": 0.5,
+        "probe_dial_timeout": 1.0,
         "get_info_timeout": 0.5,
         "notify_timeout": 1.0,
         "dial_timeout": 1.0,

@@ -64,6 +64,7 @@ class ScriptedRegistration(reg_grpc.RegistrationBase):
     get_info_calls: int = 0
     statuses: list[reg.RegistrationStatus] = field(default_factory=list)
     notified: LatestValue[int] = field(default_factory=lambda: LatestValue(0))
+    answered: LatestValue[int] = field(default_factory=lambda: LatestValue(0))
 
     async def GetInfo(self, stream: Stream[reg.InfoRequest, reg.PluginInfo]) -> None:
         await stream.recv_message()
@@ -73,6 +74,13 @@ class ScriptedRegistration(reg_grpc.RegistrationBase):
         if self.fail_get_info:
             raise GRPCError(Status.UNAVAILABLE, "scripted failure")
         await stream.send_message(self.info)
+        self.answered.set(self.answered.value + 1)
+
+    async def wait_answered(self, count: int) -> None:
+        """Until GetInfo (registration or probe) has been answered `count` times in all."""
+        with trio.fail_after(WAIT):
+            while self.answered.value < count:
+                await self.answered.wait_newer(self.answered.version)
 
     async def NotifyRegistrationStatus(
         self, stream: Stream[reg.RegistrationStatus, reg.RegistrationStatusResponse]

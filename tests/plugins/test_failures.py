@@ -258,9 +258,13 @@ async def test_allowed_uids_setting_rejects_other_users(
         assert "not an allowed plugin UID" in status.error
 
 
-async def test_endpoint_outside_the_registry_is_refused(
-    manager: PluginManager, bridge: GrpcBridge, registry: str
+async def test_endpoint_outside_the_allowed_directories_is_refused(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
 ) -> None:
+    allowed = os.path.join(registry, "plugins")
+    os.makedirs(allowed)
+    manager = PluginManager(fast_settings(registry, endpoint_dirs=[allowed]), bridge)
+    await nursery.start(manager.run)
     outside = tempfile.mkdtemp(prefix="na-out-", dir="/tmp")
     try:
         endpoint = os.path.join(outside, "dra.sock")
@@ -273,10 +277,11 @@ async def test_endpoint_outside_the_registry_is_refused(
         ):
             status = await service.wait_notified()
             assert not status.plugin_registered
-            assert "outside the registry directory" in status.error
+            assert "outside the allowed endpoint directories" in status.error
+            assert "plugins.endpoint_dirs" in status.error
             await wait_until(manager, lambda: state_of(manager, "escape") == "rejected")
-        # A symlink inside the registry pointing outside is refused the same way.
-        link = os.path.join(registry, ".link.sock")
+        # A symlink inside an allowed directory pointing outside is refused the same way.
+        link = os.path.join(allowed, "link.sock")
         os.symlink(endpoint, link)
         service = ScriptedRegistration(
             _info("escape2", "DRAPlugin", versions=["1.0.0"], endpoint=link)
@@ -286,7 +291,15 @@ async def test_endpoint_outside_the_registry_is_refused(
             bridge.serve([service], os.path.join(registry, "escape2.sock")),
         ):
             status = await service.wait_notified()
-            assert "outside the registry directory" in status.error
+            assert "outside the allowed endpoint directories" in status.error
+        # A relative endpoint is an error, as for the kubelet.
+        service = ScriptedRegistration(
+            _info("relative", "DRAPlugin", versions=["1.0.0"], endpoint="plugins/dra.sock")
+        )
+        async with bridge.serve([service], os.path.join(registry, "relative.sock")):
+            status = await service.wait_notified()
+            assert not status.plugin_registered
+            assert "endpoint 'plugins/dra.sock' is not an absolute path" in status.error
     finally:
         shutil.rmtree(outside, ignore_errors=True)
 

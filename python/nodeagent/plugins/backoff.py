@@ -40,13 +40,15 @@ class ExponentialBackoff:
 
 
 class JitteredBackoff:
-    """Delays for restarting a stream: doubling from `initial` up to `cap`, each drawn uniformly
-    from the upper half of its step so that many plugins failing together do not retry in step."""
+    """Delays for restarting a stream, as the seed kubelet's plugin streams retried: the first
+    retry at once (a one-off failure costs nothing), then doubling from `initial` up to `cap`,
+    each drawn uniformly from the upper half of its step so that many plugins failing together
+    do not retry in step."""
 
     def __init__(
         self,
         initial: float = 1.0,
-        cap: float = 30.0,
+        cap: float = 180.0,
         *,
         random_fraction: Callable[[], float] = random.random,
     ) -> None:
@@ -56,8 +58,10 @@ class JitteredBackoff:
         self._random = random_fraction
 
     def next_delay(self) -> float:
-        step = min(self.initial * 2 ** min(self.attempts, 62), self.cap)
         self.attempts += 1
+        if self.attempts == 1:
+            return 0.0
+        step = min(self.initial * 2 ** min(self.attempts - 2, 62), self.cap)
         return float(step / 2 + self._random() * step / 2)
 
     def reset(self) -> None:

@@ -4,7 +4,10 @@ The service opens the bridge once at the root of the process's task tree
 (``async with open_grpc_bridge() as bridge:``) and passes it down. Everything else talks to gRPC
 through this module's small API, so no asyncio object or grpclib exception reaches Trio code:
 
-- `GrpcBridge.channel(path)` opens a client channel on a unix socket (closed on exit);
+- `GrpcBridge.channel(path)` opens a client channel on a unix socket (closed on exit), optionally
+  checking every connection it makes (`check`: e.g. the peer's credentials) before use;
+- `GrpcBridge.connect(channel, within=...)` dials a channel now, bounded (otherwise the first
+  call dials);
 - `GrpcBridge.unary(method, request, timeout=...)` makes a unary call with a deadline that both
   sides see (grpclib's ``timeout=`` sends ``grpc-timeout``; a Trio deadline backs it up);
 - `GrpcBridge.server_stream(method, request)` opens a server-streaming call, yielding a Trio
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -32,10 +36,12 @@ from grpclib.client import Stream as ClientStream
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import ProtocolError, StreamTerminatedError
+from grpclib.protocol import H2Protocol
 from grpclib.server import Server
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
+    "ConnectCheck",
     "GrpcBridge",
     "GrpcChannel",
     "MalformedMessage",
@@ -115,6 +121,34 @@ def _to_rpc_error(exc: BaseException) -> RpcError | None:
         # The asyncio side cancelled the call (e.g. the channel was closed under it).
         return RpcError("CANCELLED", "call cancelled")
     return None
+
+
+ConnectCheck = Callable[[socket.socket, str], None]
+"""Called with each newly connected unix socket and its path, before any gRPC is spoken on it;
+raises (an RpcError subclass) to refuse the connection."""
+
+
+class _CheckedChannel(Channel):
+    """A unix-socket channel that connects the socket itself and runs `check` on it first, on
+    every (re)connection: what is checked is the very connection the calls then use."""
+
+    def __init__(self, *, path: str, codec: ProtoCodec, check: ConnectCheck) -> None:
+        super().__init__(path=path, codec=codec)
+        self._check = check
+
+    async def _create_connection(self) -> H2Protocol:
+        path = self._path
+        assert path is not None
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await self._loop.sock_connect(sock, path)
+            self._check(sock, path)
+            _, protocol = await self._loop.create_unix_connection(self._protocol_factory, sock=sock)
+        except BaseException:
+            sock.close()
+            raise
+        return protocol
 
 
 class _Stub(Protocol):
@@ -199,19 +233,36 @@ class GrpcBridge:
 
     @asynccontextmanager
     async def channel(
-        self, path: str, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+        self,
+        path: str,
+        *,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        check: ConnectCheck | None = None,
     ) -> AsyncIterator[GrpcChannel]:
-        """A channel to the gRPC server on unix socket `path`, closed when the block exits."""
+        """A channel to the gRPC server on unix socket `path`, closed when the block exits.
+        With `check`, every connection is checked before use (a refusal fails the call)."""
 
         async def create() -> Channel:
             # Inside the loop: a Channel made from Trio code would capture no event loop.
-            return Channel(path=path, codec=_LimitedProtoCodec(max_message_bytes))
+            codec = _LimitedProtoCodec(max_message_bytes)
+            if check is not None:
+                return _CheckedChannel(path=path, codec=codec, check=check)
+            return Channel(path=path, codec=codec)
 
         raw = await self._call(create)
         try:
             yield GrpcChannel(raw, path)
         finally:
             raw.close()
+
+    async def connect(self, channel: GrpcChannel, *, within: float) -> None:
+        """Dial `channel` now (a no-op when connected); RpcError if it fails or takes longer
+        than `within` seconds (a dial timeout apart from the deadline of the calls that follow)."""
+        try:
+            with trio.fail_after(within):
+                await self._call(channel._channel.__connect__)
+        except trio.TooSlowError:
+            raise RpcError("DEADLINE_EXCEEDED", f"not connected within {within}s") from None
 
     async def unary(
         self,

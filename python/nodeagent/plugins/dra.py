@@ -5,6 +5,8 @@
   negotiates with service names).
 - Seed: `v1alpha3.Node/NodeListAndWatchResources` (Kubernetes 1.30) streams
   `NodeListAndWatchResourcesResponse` messages, for plugins advertising semver versions.
+- Modern drivers (`v1.DRAPlugin` / `v1beta1.DRAPlugin`, kubelet 1.32+) publish their own
+  ResourceSlices: they are registered and shown (api "kubelet-v1"), nothing is streamed.
 
 Both kinds of message go to the same latest-value channel; consumers tell them apart by type.
 """
@@ -37,8 +39,8 @@ class DraHandler(StreamingHandler[Message]):
     plugin_type = DRA_PLUGIN_TYPE
 
     def validate_versions(self, plugin: PluginEndpoint) -> None:
-        if dra_api(plugin.versions) == "native":
-            return  # a newer registration of the same name replaces the old one (modern kubelet)
+        if dra_api(plugin.versions) != "seed":
+            return  # a newer registration of the same name serves instead (modern kubelet)
         highest = highest_supported_version(plugin.versions)
         entry = self._entries.get(plugin.name)
         if (
@@ -55,6 +57,11 @@ class DraHandler(StreamingHandler[Message]):
                     f"with version {'.'.join(map(str, current))}; a new plugin of the same name "
                     "needs a strictly higher version"
                 )
+
+    def streams(self, plugin: PluginEndpoint) -> bool:
+        # A modern driver publishes its own ResourceSlices: registered and shown, never streamed
+        # from, and nothing is published for it (its slices are not ours to touch).
+        return dra_api(plugin.versions) != "kubelet-v1"
 
     def open_stream(
         self, channel: GrpcChannel, plugin: PluginEndpoint

@@ -4,10 +4,15 @@ A handler validates a plugin that asked to register, registers it (opening its l
 stream in a supervised task) and deregisters it. Validate, register and deregister for one
 plugin name run strictly in sequence. The newest message of every plugin of the type is
 published on `StreamingHandler.latest`, a `LatestValue` that a publisher reads.
+
+Several live registrations may share a name (a rolling update starts the new plugin before the
+old one stops). As in the kubelet, the newest registration serves; when it goes, the newest
+remaining one is served again (its stream reopened), so the older plugin is never orphaned.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -33,6 +38,7 @@ from nodeagent.plugins.bridge import (
     ServerStream,
 )
 from nodeagent.plugins.latest import LatestValue
+from nodeagent.plugins.security import PeerRejected, UidCheck, allowed_uids_check, peer_check
 from nodeagent.plugins.settings import PluginSettings
 
 __all__ = [
@@ -77,7 +83,7 @@ class PluginData:
     endpoint: str
     message: Message
     received_at: float  # wall-clock seconds
-    registered: bool  # False once deregistered: the data is kept, marked stale
+    registered: bool  # False once deregistered: the data is kept (for a grace), marked stale
 
 
 class PluginHandler(Protocol):
@@ -100,7 +106,8 @@ class PluginHandler(Protocol):
     async def register(self, plugin: PluginEndpoint) -> None: ...
 
     async def deregister(self, plugin: PluginEndpoint) -> None:
-        """Stop serving `plugin`; a no-op if another socket has since taken over its name."""
+        """Stop serving `plugin`; if it was serving its name and an older registration of the
+        name is still live, serve that one again."""
 
     def plugin_status(self, name: str) -> dict[str, Any] | None: ...
 
@@ -121,13 +128,40 @@ class _Stream:
 class _Entry:
     """Everything kept about one plugin name; it outlives streams and registrations."""
 
-    plugin: PluginEndpoint
+    plugin: PluginEndpoint  # the serving registration, or the last one that served
+    # Live registrations of the name, oldest first; the last one serves.
+    registrations: list[PluginEndpoint] = field(default_factory=list)
     stream: _Stream | None = None
     messages: int = 0
     rejected: int = 0
+    skipped: int = 0
     last_message: Message | None = None
     last_message_time: float | None = None
-    registered: bool = False
+    gone_at: float | None = None  # (Trio clock) when the last registration left
+
+    @property
+    def registered(self) -> bool:
+        return bool(self.registrations)
+
+
+class _Newest(Generic[M]):
+    """The newest message read from a stream and not processed yet (older ones are dropped)."""
+
+    def __init__(self) -> None:
+        self.message: M | None = None
+        self.arrived = trio.Event()
+
+    def put(self, message: M) -> bool:
+        """Hold `message`; True if it superseded one that was never processed."""
+        superseded = self.message is not None
+        self.message = message
+        self.arrived.set()
+        return superseded
+
+    def take(self) -> M | None:
+        message, self.message = self.message, None
+        self.arrived = trio.Event()
+        return message
 
 
 class StreamingHandler(ABC, Generic[M]):
@@ -135,12 +169,18 @@ class StreamingHandler(ABC, Generic[M]):
 
     plugin_type: str
 
-    def __init__(self, bridge: GrpcBridge, settings: PluginSettings) -> None:
+    def __init__(
+        self, bridge: GrpcBridge, settings: PluginSettings, *, uid_check: UidCheck | None = None
+    ) -> None:
         self._bridge = bridge
         self._settings = settings
+        # Every connection a stream uses is checked: the endpoint may have been replaced since
+        # the registration-time check.
+        self._connect_check = peer_check(uid_check or allowed_uids_check(settings.allowed_uids))
         self._entries: dict[str, _Entry] = {}
         self._locks: dict[str, trio.Lock] = {}
         self._nursery: trio.Nursery | None = None
+        self._expiry_changed = trio.Event()
         self.latest: LatestValue[Mapping[str, PluginData]] = LatestValue(MappingProxyType({}))
         self._data: dict[str, PluginData] = {}  # what `latest` shows, by plugin name
         self.messages_received = 0  # valid messages over all plugins, ever
@@ -163,13 +203,25 @@ class StreamingHandler(ABC, Generic[M]):
     def validate_message(self, message: M) -> None:
         """Raise InvalidMessage if the message's content breaks a rule."""
 
+    def streams(self, plugin: PluginEndpoint) -> bool:
+        """Whether the agent streams from `plugin`; a type may have plugins that are only
+        registered (no stream, nothing published for them)."""
+        return True
+
     # -- the handler interface -------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        # A plugin registered with an earlier run (a supervisor restarting the manager) is not
+        # served any more: its stream died with that run. Those still there register again.
+        self._forget_registrations()
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await self._expire_loop()
+        finally:
+            self._nursery = None
+            self._forget_registrations()
 
     def validate(self, plugin: PluginEndpoint) -> None:
         if not plugin.name:
@@ -181,26 +233,39 @@ class StreamingHandler(ABC, Generic[M]):
             raise RuntimeError(f"{self.plugin_type} handler is not running")
         async with self._lock(plugin.name):
             entry = self._entries.get(plugin.name)
-            if entry is not None and entry.stream is not None:
-                # Re-registration (same or another socket): the old stream goes, its data stays.
-                await self._stop(entry.stream)
             if entry is None:
                 entry = self._entries[plugin.name] = _Entry(plugin)
-            entry.plugin = plugin
-            entry.registered = True
-            entry.stream = _Stream(plugin)
-            await self._nursery.start(self._supervise, entry, entry.stream)
-            self._publish(entry)
+            entry.registrations = [r for r in entry.registrations if r.socket != plugin.socket]
+            entry.registrations.append(plugin)
+            entry.gone_at = None
+            await self._serve(entry, plugin)
 
     async def deregister(self, plugin: PluginEndpoint) -> None:
         async with self._lock(plugin.name):
             entry = self._entries.get(plugin.name)
-            if entry is None or entry.plugin.socket != plugin.socket:
-                return  # replaced by a newer registration of the same name
+            if entry is None:
+                return
+            serving = entry.registered and entry.registrations[-1].socket == plugin.socket
+            entry.registrations = [r for r in entry.registrations if r.socket != plugin.socket]
+            if not serving:
+                self.changes.set(None)  # a standby registration left: nothing else changes
+                return
+            if entry.registrations:
+                older = entry.registrations[-1]
+                log.info(
+                    "newest plugin registration left; serving the older one again",
+                    plugin=plugin.name,
+                    type=self.plugin_type,
+                    socket=older.socket,
+                    left=plugin.socket,
+                )
+                await self._serve(entry, older)
+                return
             if entry.stream is not None:
                 await self._stop(entry.stream)
                 entry.stream = None
-            entry.registered = False
+            entry.gone_at = trio.current_time()
+            self._expiry_changed.set()
             self._publish(entry)
 
     def plugin_names(self) -> list[str]:
@@ -211,37 +276,101 @@ class StreamingHandler(ABC, Generic[M]):
         if entry is None:
             return None
         stream = entry.stream
+        if stream is not None:
+            state = stream.state
+        elif entry.registered and not self.streams(entry.plugin):
+            state = "self-publishing"
+        else:
+            state = "stopped"
         return {
             "owner_socket": entry.plugin.socket,
-            "stream_state": stream.state if stream is not None else "stopped",
+            "stream_state": state,
             "stream_error": stream.last_error if stream is not None else "",
             "stream_restarts": stream.restarts if stream is not None else 0,
             "messages_received": entry.messages,
             "messages_rejected": entry.rejected,
+            "messages_skipped": entry.skipped,
             "last_message_time": entry.last_message_time,
             "last_message": (
                 MessageToDict(entry.last_message) if entry.last_message is not None else None
             ),
         }
 
-    # -- internals -------------------------------------------------------------------------
+    # -- registrations ---------------------------------------------------------------------
 
     def _lock(self, name: str) -> trio.Lock:
         return self._locks.setdefault(name, trio.Lock())
+
+    async def _serve(self, entry: _Entry, plugin: PluginEndpoint) -> None:
+        """Make `plugin` the one serving its name: the previous stream goes, the data stays
+        (until the new stream sends its own)."""
+        if entry.stream is not None:
+            await self._stop(entry.stream)
+            entry.stream = None
+        entry.plugin = plugin
+        if self.streams(plugin):
+            if self._nursery is None:
+                raise RuntimeError(f"{self.plugin_type} handler is not running")
+            entry.stream = _Stream(plugin)
+            await self._nursery.start(self._supervise, entry, entry.stream)
+        self._publish(entry)
 
     async def _stop(self, stream: _Stream) -> None:
         stream.cancel.cancel()
         await stream.done.wait()
 
-    def _set_state(self, stream: _Stream, state: str) -> None:
-        stream.state = state
+    def _forget_registrations(self) -> None:
+        now = trio.current_time()
+        for entry in self._entries.values():
+            if entry.registered or entry.stream is not None:
+                if entry.stream is not None:
+                    entry.stream.cancel.cancel()
+                    entry.stream = None
+                entry.registrations = []
+                entry.gone_at = now
+                self._publish(entry)
+        self._expiry_changed.set()
+
+    async def _expire_loop(self) -> None:
+        """Forget deregistered plugins `deregistered_data_grace` after they left (their last
+        data, their status), as Katalyst drops a stopped endpoint's data after 5 minutes."""
+        grace = self._settings.deregistered_data_grace
+        while True:
+            now = trio.current_time()
+            next_due = math.inf
+            for name, entry in list(self._entries.items()):
+                if entry.gone_at is None:
+                    continue
+                due = entry.gone_at + grace
+                if due > now:
+                    next_due = min(next_due, due)
+                    continue
+                self._forget(name)
+            self._expiry_changed = trio.Event()
+            with trio.move_on_at(next_due):
+                await self._expiry_changed.wait()
+
+    def _forget(self, name: str) -> None:
+        del self._entries[name]
+        lock = self._locks.get(name)
+        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
+            del self._locks[name]
+        metrics.DATA_EXPIRED.labels(type=self.plugin_type).inc()
+        log.info("deregistered plugin's data forgotten", plugin=name, type=self.plugin_type)
+        if self._data.pop(name, None) is not None:
+            self.latest.set(MappingProxyType(dict(self._data)))
         self.changes.set(None)
 
     def _publish(self, entry: _Entry) -> None:
         """Publish a new snapshot in which only `entry`'s plugin changed (O(1) per plugin, then
         one shallow copy, so many plugins streaming at once stay cheap)."""
-        if entry.last_message is not None:
-            name = entry.plugin.name
+        name = entry.plugin.name
+        if entry.last_message is None or not self.streams(entry.plugin):
+            # Nothing of ours to show: a plugin publishing its own state gets no entry at all
+            # (not even an empty one, which a consumer could act on).
+            if self._data.pop(name, None) is not None:
+                self.latest.set(MappingProxyType(dict(self._data)))
+        else:
             self._data[name] = PluginData(
                 name=name,
                 plugin_type=self.plugin_type,
@@ -250,7 +379,13 @@ class StreamingHandler(ABC, Generic[M]):
                 received_at=entry.last_message_time or 0.0,
                 registered=entry.registered,
             )
-        self.latest.set(MappingProxyType(dict(self._data)))
+            self.latest.set(MappingProxyType(dict(self._data)))
+        self.changes.set(None)
+
+    # -- streams ---------------------------------------------------------------------------
+
+    def _set_state(self, stream: _Stream, state: str) -> None:
+        stream.state = state
         self.changes.set(None)
 
     async def _supervise(
@@ -260,29 +395,38 @@ class StreamingHandler(ABC, Generic[M]):
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Keep the plugin's stream open until it ends cleanly, is unimplemented, or is stopped."""
-        backoff = JitteredBackoff(
-            self._settings.stream_backoff_initial, self._settings.stream_backoff_max
-        )
+        """Keep the plugin's stream open until it ends cleanly, is unimplemented, or is stopped.
+
+        Any failure, a bug included, fails this stream only: it is reported and reopened after
+        the backoff, whose first retry is immediate; the backoff restarts only once a stream
+        stayed open `stream_healthy_after` seconds, so a plugin failing right after each
+        message is not retried (and logged) at full speed.
+        """
+        settings = self._settings
+        backoff = JitteredBackoff(settings.stream_backoff_initial, settings.stream_backoff_max)
         name = stream.plugin.name
         try:
             with stream.cancel:
                 task_status.started()
                 async with self._bridge.channel(
-                    stream.plugin.endpoint, max_message_bytes=self._settings.max_message_bytes
+                    stream.plugin.endpoint,
+                    max_message_bytes=settings.max_message_bytes,
+                    check=self._connect_check,
                 ) as channel:
                     while True:
+                        opened_at: float | None = None
                         try:
                             async with self.open_stream(channel, stream.plugin) as messages:
+                                opened_at = trio.current_time()
                                 self._set_state(stream, "open")
-                                await self._consume(entry, stream, messages, backoff)
+                                await self._consume(entry, stream, messages)
                             self._set_state(stream, "ended")
                             log.info("plugin stream ended", plugin=name, type=self.plugin_type)
                             return
                         except RpcError as exc:
                             if exc.status == "UNIMPLEMENTED":
-                                self._set_state(stream, "unimplemented")
                                 stream.last_error = str(exc)
+                                self._set_state(stream, "unimplemented")
                                 log.warning(
                                     "plugin does not implement its stream; stream stopped",
                                     plugin=name,
@@ -290,50 +434,127 @@ class StreamingHandler(ABC, Generic[M]):
                                     error=str(exc),
                                 )
                                 return
-                            self._set_state(stream, "backoff")
-                            stream.last_error = str(exc)
-                            stream.restarts += 1
-                            delay = backoff.next_delay()
-                            metrics.ERRORS.labels(kind="stream").inc()
-                            metrics.STREAM_RESTARTS.labels(type=self.plugin_type).inc()
-                            log.warning(
-                                "plugin stream failed; reopening",
-                                plugin=name,
-                                type=self.plugin_type,
-                                error=str(exc),
-                                retry_in=round(delay, 3),
+                            kind = "peer_rejected" if isinstance(exc, PeerRejected) else "stream"
+                            error = str(exc)
+                        except Exception as exc:
+                            log.exception(
+                                "plugin stream consumer crashed", plugin=name, type=self.plugin_type
                             )
-                            await trio.sleep(delay)
+                            kind, error = "stream_internal", f"internal error: {exc!r}"
+                        healthy = opened_at is not None and (
+                            trio.current_time() - opened_at >= settings.stream_healthy_after
+                        )
+                        if healthy:
+                            backoff.reset()
+                        await self._retry_later(stream, backoff, kind, error)
         finally:
             if stream.state not in ("ended", "unimplemented"):
                 self._set_state(stream, "stopped")
             stream.done.set()
 
-    async def _consume(
-        self, entry: _Entry, stream: _Stream, messages: ServerStream[M], backoff: JitteredBackoff
+    async def _retry_later(
+        self, stream: _Stream, backoff: JitteredBackoff, kind: str, error: str
     ) -> None:
-        name = stream.plugin.name
+        stream.last_error = error
+        stream.restarts += 1
+        delay = backoff.next_delay()
+        self._set_state(stream, "backoff")
+        metrics.ERRORS.labels(kind=kind).inc()
+        metrics.STREAM_RESTARTS.labels(type=self.plugin_type).inc()
+        log.warning(
+            "plugin stream failed; reopening",
+            plugin=stream.plugin.name,
+            type=self.plugin_type,
+            error=error,
+            retry_in=round(delay, 3),
+        )
+        await trio.sleep(delay)
+
+    async def _consume(self, entry: _Entry, stream: _Stream, messages: ServerStream[M]) -> None:
+        """Read the stream in one task and process in another, the newest message winning: a
+        flooding plugin's stale messages are skipped, not validated and published one by one.
+        What is pending when the stream ends or fails is processed before that is reported."""
+        pending: _Newest[M] = _Newest()
+        failure: list[Exception] = []
+        error: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._process_loop, entry, stream, pending, failure, nursery)
+            error = await self._read(entry, stream, messages, pending)
+            nursery.cancel_scope.cancel()
+        if not failure:
+            message = pending.take()
+            if message is not None:
+                self._guarded_process(entry, stream, message, failure)
+        if failure:
+            raise failure[0]
+        if error is not None:
+            raise error
+
+    async def _read(
+        self, entry: _Entry, stream: _Stream, messages: ServerStream[M], pending: _Newest[M]
+    ) -> Exception | None:
+        """Read until the stream ends (None) or fails (the error)."""
         while True:
             try:
                 message = await messages.__anext__()
             except StopAsyncIteration:
-                return
+                return None
             except MessageRejected as exc:
                 # The bytes were read in full, so the stream stays in step: skip just this one.
-                self._reject(entry, name, exc, _rejection_kind(exc))
+                self._reject(entry, stream.plugin.name, exc, _rejection_kind(exc))
                 continue
-            try:
-                self.validate_message(message)
-            except Exception as exc:  # InvalidMessage, or a validator bug: keep the last data
-                self._reject(entry, name, exc, "message_invalid")
+            except Exception as exc:
+                return exc
+            if pending.put(message):
+                entry.skipped += 1
+                metrics.MESSAGES_SKIPPED.labels(type=self.plugin_type).inc()
+
+    async def _process_loop(
+        self,
+        entry: _Entry,
+        stream: _Stream,
+        pending: _Newest[M],
+        failure: list[Exception],
+        nursery: trio.Nursery,
+    ) -> None:
+        interval = self._settings.stream_min_interval
+        last = -math.inf
+        while True:
+            await pending.arrived.wait()
+            # Also a checkpoint: the reader drains what already arrived before we take one.
+            await trio.sleep_until(last + interval)
+            message = pending.take()
+            if message is None:
                 continue
-            backoff.reset()
-            entry.messages += 1
-            self.messages_received += 1
-            entry.last_message = message
-            entry.last_message_time = time.time()
-            metrics.MESSAGES.labels(type=self.plugin_type).inc()
-            self._publish(entry)
+            last = trio.current_time()
+            if not self._guarded_process(entry, stream, message, failure):
+                nursery.cancel_scope.cancel()
+                return
+
+    def _guarded_process(
+        self, entry: _Entry, stream: _Stream, message: M, failure: list[Exception]
+    ) -> bool:
+        """Process one message; a bug fails the stream (False, the error in `failure`)."""
+        try:
+            self._process(entry, stream, message)
+        except Exception as exc:
+            failure.append(exc)
+            return False
+        return True
+
+    def _process(self, entry: _Entry, stream: _Stream, message: M) -> None:
+        name = stream.plugin.name
+        try:
+            self.validate_message(message)
+        except Exception as exc:  # InvalidMessage, or a validator bug: keep the last data
+            self._reject(entry, name, exc, "message_invalid")
+            return
+        entry.messages += 1
+        self.messages_received += 1
+        entry.last_message = message
+        entry.last_message_time = time.time()
+        metrics.MESSAGES.labels(type=self.plugin_type).inc()
+        self._publish(entry)
 
     def _reject(self, entry: _Entry, name: str, exc: Exception, kind: str) -> None:
         entry.rejected += 1

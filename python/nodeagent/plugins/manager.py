@@ -4,7 +4,11 @@ It follows the kubelet's plugin manager: the watcher keeps a desired state of th
 plugin socket), registration keeps the actual state, and the reconciler turns the difference into
 register/unregister operations, at most one at a time per socket, each failure delaying the next
 attempt with exponential backoff. Unlike the kubelet, a failed Register step is retried too, and
-a plugin that stops answering GetInfo probes is deregistered (the kubelet's connection monitor).
+a plugin that stops answering GetInfo probes is deregistered (the kubelet's connection monitor,
+with its timeouts; the deregistration is an ordinary one, so consumers apply their own graces).
+
+A plugin's service endpoint may be outside the registry directory (the upstream layout); a socket
+that is some plugin's endpoint is never taken for a plugin by the registry scan.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ from nodeagent.plugins.security import (
     UidCheck,
     allowed_uids_check,
     peer_credentials,
-    resolve_inside,
+    resolve_endpoint,
 )
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import (
@@ -77,6 +81,8 @@ class _Record:
     name: str = ""
     plugin_type: str = ""
     endpoint: str = ""
+    # The endpoint with symbolic links resolved, once checked: never scanned as a plugin.
+    endpoint_real: str = ""
     versions: tuple[str, ...] = ()
     last_error: str = ""
     rejected_generation: int = 0
@@ -95,12 +101,17 @@ class PluginManager:
     ) -> None:
         self._settings = settings
         self._bridge = bridge
-        if handlers is None:
-            handlers = [DraHandler(bridge, settings), ReporterHandler(bridge, settings)]
-        self._handlers: dict[str, PluginHandler] = {h.plugin_type: h for h in handlers}
         self._uid_allowed = uid_check or allowed_uids_check(settings.allowed_uids)
+        if handlers is None:
+            handlers = [
+                DraHandler(bridge, settings, uid_check=self._uid_allowed),
+                ReporterHandler(bridge, settings, uid_check=self._uid_allowed),
+            ]
+        self._handlers: dict[str, PluginHandler] = {h.plugin_type: h for h in handlers}
         # Absolute, so every socket path derived from it passes the inside-the-registry check.
         self._root = os.path.abspath(settings.registry_dir)
+        self._real_root = os.path.realpath(self._root)
+        self._endpoint_dirs = settings.resolved_endpoint_dirs()
         self._desired = DesiredState()
         self._actual = ActualState()
         self._records: dict[str, _Record] = {}
@@ -125,12 +136,7 @@ class PluginManager:
         Raises ConfigError (plugins.registry_dir) when the directory cannot be created.
         """
         self._reset()
-        try:
-            ensure_registry_dir(self._root)
-        except OSError as exc:
-            raise ConfigError(
-                "plugins.registry_dir", self._root, f"cannot create directory: {exc.strerror}"
-            ) from exc
+        self._prepare_root()
         async with trio.open_nursery() as nursery:
             for handler in self._handlers.values():
                 await nursery.start(handler.run)
@@ -140,6 +146,15 @@ class PluginManager:
             nursery.start_soon(self._probe_loop)
             log.info("plugin manager started", registry_dir=self._root)
             task_status.started()
+
+    def _prepare_root(self) -> None:
+        try:
+            ensure_registry_dir(self._root)
+        except OSError as exc:
+            raise ConfigError(
+                "plugins.registry_dir", self._root, f"cannot create directory: {exc.strerror}"
+            ) from exc
+        self._real_root = os.path.realpath(self._root)
 
     def _reset(self) -> None:
         """Forget registrations from an earlier run (a supervisor restarting the manager): their
@@ -244,6 +259,9 @@ class PluginManager:
         except OSError as exc:
             self._scan_failed(exc)  # keep the last good state: nothing is deregistered
             return
+        endpoints = self._endpoint_sockets()
+        if endpoints:
+            found = {p: i for p, i in found.items() if self._real_path(p) not in endpoints}
         changed = not self._scanned or bool(self._scan_error)  # readiness changed
         self._scanned = True
         self._scan_error = ""
@@ -257,6 +275,19 @@ class PluginManager:
         self._seen = found
         if changed:
             self._kick()
+
+    def _endpoint_sockets(self) -> set[str]:
+        """Resolved endpoints of the plugins known now (while their registration socket is
+        there): sockets that serve a plugin, not plugins of their own."""
+        return {
+            r.endpoint_real
+            for r in self._records.values()
+            if r.endpoint_real and r.endpoint_real != self._real_path(r.socket)
+        }
+
+    def _real_path(self, path: str) -> str:
+        # Scanned paths contain no symbolic links below the root (the scan does not follow them).
+        return os.path.join(self._real_root, os.path.relpath(path, self._root))
 
     def _scan_failed(self, exc: OSError) -> None:
         error = f"{self._root}: {exc.strerror or exc}"
@@ -315,7 +346,11 @@ class PluginManager:
         socket = wanted.socket
         record = self._records.get(socket)
         if record is None or record.generation != wanted.generation:
-            record = self._records[socket] = _Record(socket, wanted.generation)
+            # The endpoint stays excluded from the scan while the socket re-registers.
+            endpoint_real = record.endpoint_real if record is not None else ""
+            record = self._records[socket] = _Record(
+                socket, wanted.generation, endpoint_real=endpoint_real
+            )
         record.state = "registering"
         try:
             try:
@@ -388,7 +423,8 @@ class PluginManager:
             record.endpoint = endpoint
             try:
                 if endpoint != socket:
-                    endpoint = self._check_path(endpoint)
+                    endpoint = self._check_endpoint(endpoint)
+                    self._endpoint_known(record, endpoint)
                     await self._check_peer(endpoint)
             except _Rejected as exc:
                 await self._notify(channel, record, False, str(exc))
@@ -444,10 +480,28 @@ class PluginManager:
         )
 
     def _check_path(self, path: str) -> str:
+        """A registration socket: found by the scan, it must still be a socket in the registry."""
         try:
-            return resolve_inside(self._root, path)
+            return resolve_endpoint([self._real_root], path)
         except EndpointRejected as exc:
             raise _Rejected("endpoint_rejected", str(exc)) from None
+
+    def _check_endpoint(self, path: str) -> str:
+        """A service endpoint: any absolute path to a socket in the allowed directories."""
+        try:
+            return resolve_endpoint(self._endpoint_dirs, path)
+        except EndpointRejected as exc:
+            raise _Rejected("endpoint_rejected", str(exc)) from None
+
+    def _endpoint_known(self, record: _Record, endpoint: str) -> None:
+        """Record a plugin's resolved endpoint; if the scan took it for a plugin, drop that."""
+        record.endpoint_real = endpoint
+        for path in list(self._seen):
+            if self._real_path(path) == endpoint:
+                log.info("socket is a plugin's endpoint, not a plugin", socket=path)
+                del self._seen[path]
+                self._desired.remove(path)
+                self._kick()
 
     async def _check_peer(self, path: str) -> None:
         try:
@@ -526,11 +580,14 @@ class PluginManager:
                     if self._desired.get(path) is None and path not in self._busy:
                         nursery.start_soon(self._probe_dropped, path, identity)
 
-    async def _get_info(self, socket: str) -> None:
+    async def _probe(self, socket: str) -> None:
+        """The connection monitor's probe: dial, then GetInfo, each with its own (kubelet
+        monitor) timeout, longer than registration's 1 s: a slow answer is not a dead plugin."""
         async with self._bridge.channel(socket) as channel:
+            await self._bridge.connect(channel, within=self._settings.probe_dial_timeout)
             stub = channel.stub(reg_grpc.RegistrationStub)
             await self._bridge.unary(
-                stub.GetInfo, reg.InfoRequest(), timeout=self._settings.get_info_timeout
+                stub.GetInfo, reg.InfoRequest(), timeout=self._settings.probe_get_info_timeout
             )
 
     async def _probe_registered(self, registered: ActualPlugin) -> None:
@@ -538,7 +595,7 @@ class PluginManager:
         if record is None:
             return
         try:
-            await self._get_info(registered.socket)
+            await self._probe(registered.socket)
         except RpcError as exc:
             record.probe_failures += 1
             metrics.ERRORS.labels(kind="probe").inc()
@@ -560,7 +617,7 @@ class PluginManager:
     async def _probe_dropped(self, socket: str, identity: SocketIdentity) -> None:
         """A socket dropped for failing probes comes back once it answers again."""
         try:
-            await self._get_info(socket)
+            await self._probe(socket)
         except RpcError:
             return
         if self._seen.get(socket) == identity and self._desired.get(socket) is None:

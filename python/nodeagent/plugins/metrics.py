@@ -24,11 +24,21 @@ MESSAGES = Counter(
     "Valid messages received from plugin streams.",
     ["type"],
 )
+MESSAGES_SKIPPED = Counter(
+    "nodeagent_plugin_messages_skipped_total",
+    "Plugin messages never processed because a newer one from the same stream superseded them.",
+    ["type"],
+)
+DATA_EXPIRED = Counter(
+    "nodeagent_plugin_data_expired_total",
+    "Deregistered plugins whose last data was forgotten after deregistered_data_grace.",
+    ["type"],
+)
 ERRORS = Counter(
     "nodeagent_plugin_errors_total",
     "Plugin errors by kind (dial, get_info, unknown_type, validation, register, notify, probe, "
-    "peer_rejected, endpoint_rejected, stream, message_too_large, message_malformed, "
-    "message_invalid, deregister, scan).",
+    "peer_rejected, endpoint_rejected, stream, stream_internal, message_too_large, "
+    "message_malformed, message_invalid, deregister, scan).",
     ["kind"],
 )
 REGISTERED = Gauge(

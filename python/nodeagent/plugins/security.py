@@ -1,8 +1,11 @@
 """Which sockets the agent dials and which peers it talks to.
 
-Only sockets inside the registry directory are dialled (after resolving symbolic links), and the
-process listening on a plugin socket must run as an allowed UID, read with SO_PEERCRED on a
-separate probe connection before any gRPC is spoken.
+A plugin's registration socket is one the registry scan found; its service endpoint may be any
+absolute path (as the kubelet allows: the upstream helper puts it in
+/var/lib/kubelet/plugins/<driver>/dra.sock) inside the configured endpoint directories, after
+resolving symbolic links, and must be a socket. The process listening on either must run as an
+allowed UID, read with SO_PEERCRED: on a probe connection at registration, and again on every
+connection a stream is opened on, so a socket swapped after registration is refused too.
 """
 
 from __future__ import annotations
@@ -11,18 +14,23 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import trio
 
+from nodeagent.plugins.bridge import ConnectCheck, RpcError
+
 __all__ = [
     "EndpointRejected",
     "PeerCredentials",
+    "PeerRejected",
     "UidCheck",
     "allowed_uids_check",
+    "peer_check",
     "peer_credentials",
-    "resolve_inside",
+    "resolve_endpoint",
+    "socket_peer",
 ]
 
 UidCheck = Callable[[int], bool]
@@ -31,6 +39,13 @@ _UCRED = struct.Struct("3i")
 
 class EndpointRejected(Exception):
     """A socket path or its peer broke a security rule; the message says which."""
+
+
+class PeerRejected(RpcError):
+    """A connection's peer runs as a UID that is not allowed (the connection is refused)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("PERMISSION_DENIED", message)
 
 
 @dataclass(frozen=True)
@@ -46,15 +61,16 @@ def allowed_uids_check(uids: Iterable[int] | None) -> UidCheck:
     return allowed.__contains__
 
 
-def resolve_inside(root: str, path: str) -> str:
-    """`path` with symbolic links resolved; EndpointRejected unless it is a socket under `root`."""
+def resolve_endpoint(allowed_dirs: Sequence[str], path: str) -> str:
+    """`path` with symbolic links resolved; EndpointRejected unless it is an absolute path to a
+    socket below one of `allowed_dirs` (each already resolved)."""
     if not os.path.isabs(path):
         raise EndpointRejected(f"endpoint {path!r} is not an absolute path")
-    real_root = os.path.realpath(root)
     real = os.path.realpath(path)
-    if os.path.commonpath([real_root, real]) != real_root or real == real_root:
+    if not any(os.path.commonpath([d, real]) == d and real != d for d in allowed_dirs):
         raise EndpointRejected(
-            f"endpoint {path!r} resolves to {real!r}, outside the registry directory {real_root!r}"
+            f"endpoint {path!r} resolves to {real!r}, outside the allowed endpoint "
+            f"directories {list(allowed_dirs)} (plugins.endpoint_dirs)"
         )
     try:
         mode = os.stat(real).st_mode
@@ -63,6 +79,26 @@ def resolve_inside(root: str, path: str) -> str:
     if not stat.S_ISSOCK(mode):
         raise EndpointRejected(f"endpoint {path!r} is not a unix socket")
     return real
+
+
+def socket_peer(sock: socket.socket) -> PeerCredentials:
+    """The credentials of the process at the other end of connected unix socket `sock`."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)
+    return PeerCredentials(*_UCRED.unpack(raw))
+
+
+def peer_check(uid_allowed: UidCheck) -> ConnectCheck:
+    """A bridge connection check: PeerRejected unless the peer runs as an allowed UID."""
+
+    def check(sock: socket.socket, path: str) -> None:
+        creds = socket_peer(sock)
+        if not uid_allowed(creds.uid):
+            raise PeerRejected(
+                f"socket {path} is served by pid {creds.pid} uid {creds.uid}, "
+                "which is not an allowed plugin UID"
+            )
+
+    return check
 
 
 async def peer_credentials(path: str, connect_timeout: float) -> PeerCredentials:

@@ -10,6 +10,7 @@ from nodeagent.plugins.handler import PluginValidationError
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 __all__ = [
+    "KUBELET_DRA_SERVICES",
     "NATIVE_DRA_SERVICE",
     "DraApi",
     "dra_api",
@@ -21,7 +22,11 @@ __all__ = [
 # The fully-qualified gRPC service name, taken from the compiled proto so the two cannot drift.
 NATIVE_DRA_SERVICE: str = device_pb2.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
 
-DraApi = Literal["native", "seed"]
+# What modern drivers (kubelet 1.32+) list: the kubelet's DRAPlugin service versions. Such a
+# driver publishes its own ResourceSlices; there is nothing to stream from it.
+KUBELET_DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
+
+DraApi = Literal["native", "kubelet-v1", "seed"]
 
 # k8s.io/apimachinery/pkg/util/version ParseGeneric: optional "v", at least major.minor.
 _GENERIC = re.compile(r"^\s*v?([0-9]+(?:\.[0-9]+)+)\s*$")
@@ -65,14 +70,19 @@ def require_any_version(versions: Sequence[str], supported: Sequence[str]) -> st
 
 def dra_api(versions: Sequence[str]) -> DraApi:
     """Which DRA API a plugin speaks. As the modern kubelet does with service names, a plugin
-    listing the native service gets the native stream; otherwise the seed rule must accept its
-    versions (semver with major 1), else PluginValidationError."""
-    if NATIVE_DRA_SERVICE in (v.strip() for v in versions):
+    listing the native service gets the native stream; one listing the kubelet's v1 / v1beta1
+    DRAPlugin service is a modern, self-publishing driver ("kubelet-v1"); otherwise the seed rule
+    must accept its versions (semver with major 1), else PluginValidationError."""
+    services = {v.strip() for v in versions}
+    if NATIVE_DRA_SERVICE in services:
         return "native"
+    if services.intersection(KUBELET_DRA_SERVICES):
+        return "kubelet-v1"
     try:
         highest_supported_version(versions)
     except PluginValidationError as exc:
         raise PluginValidationError(
-            f"{exc} (or list the native service {NATIVE_DRA_SERVICE!r})"
+            f"{exc} (or list the native service {NATIVE_DRA_SERVICE!r}, or "
+            f"{' / '.join(KUBELET_DRA_SERVICES)} for a driver that publishes its own slices)"
         ) from None
     return "seed"

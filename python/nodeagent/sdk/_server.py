@@ -123,9 +123,9 @@ async def serving(
 async def _serving(
     plugin: PluginServer[Any], bridge: GrpcBridge, separate_endpoint: bool
 ) -> AsyncIterator[None]:
-    _make_dir(os.path.dirname(plugin.socket_path))
     paths = [plugin.socket_path] + ([plugin.endpoint] if separate_endpoint else [])
     for path in paths:
+        _make_dir(os.path.dirname(path))
         remove_stale_socket(path)
     try:
         async with contextlib.AsyncExitStack() as stack:

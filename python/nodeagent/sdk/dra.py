@@ -106,8 +106,9 @@ class _DevicePluginService(device_grpc.DevicePluginBase):
 
 class DevicePlugin(PluginServer[Message]):
     """A DRA plugin: Registration on `<registry_dir>/<name>-reg.sock`, its device service (native
-    or, with ``api="seed"``, v1alpha3.Node) on the same socket or (``separate_endpoint=True``) on
-    the hidden `<registry_dir>/.<name>-dra.sock`."""
+    or, with ``api="seed"``, v1alpha3.Node) on the same socket, on the hidden
+    `<registry_dir>/.<name>-dra.sock` (``separate_endpoint=True``), or on any absolute path
+    (``endpoint=``; the upstream layout is `/var/lib/kubelet/plugins/<name>/dra.sock`)."""
 
     plugin_type = "DRAPlugin"
 
@@ -160,16 +161,23 @@ class DevicePlugin(PluginServer[Message]):
         pool: str | None = None,
         versions: Sequence[str] | None = None,
         separate_endpoint: bool = False,
+        endpoint: str | None = None,
         bridge: GrpcBridge | None = None,
     ) -> AsyncIterator[DevicePlugin]:
         """Serve until the block exits, then remove the socket(s). Without `bridge`, opens one.
 
-        `versions` defaults to the API's: the native service name, or "1.0.0" for the seed."""
+        `versions` defaults to the API's: the native service name, or "1.0.0" for the seed.
+        `endpoint`: the service socket's absolute path (its directory is created)."""
         path = _socket_path(registry_dir, f"{name}-reg.sock")
-        endpoint = _socket_path(registry_dir, f".{name}-dra.sock") if separate_endpoint else ""
+        if endpoint is not None:
+            if not os.path.isabs(endpoint):
+                raise ValueError(f"endpoint: {endpoint!r}: must be an absolute path")
+            separate_endpoint = True
+        elif separate_endpoint:
+            endpoint = _socket_path(registry_dir, f".{name}-dra.sock")
         if versions is None:
             versions = _DEFAULT_VERSIONS.get(api, ())
-        plugin = cls(name, path, endpoint, versions, api=api, pool=pool)
+        plugin = cls(name, path, endpoint or "", versions, api=api, pool=pool)
         async with serving(plugin, bridge, separate_endpoint=separate_endpoint):
             yield plugin
 

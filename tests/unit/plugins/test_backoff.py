@@ -23,16 +23,18 @@ def test_exponential_backoff_doubles_from_half_a_second_to_the_kubelet_cap() -> 
 
 
 @pytest.mark.parametrize("fraction", [0.0, 0.5, 0.999])
-def test_jittered_backoff_stays_in_the_upper_half_of_a_capped_doubling_step(
+def test_jittered_backoff_retries_at_once_then_stays_in_the_upper_half_of_a_capped_step(
     fraction: float,
 ) -> None:
     backoff = JitteredBackoff(1.0, 30.0, random_fraction=lambda: fraction)
+    assert backoff.next_delay() == 0.0
     steps = [1, 2, 4, 8, 16, 30, 30, 30]
     for step in steps:
         delay = backoff.next_delay()
         assert step / 2 <= delay < step
         assert delay == pytest.approx(step / 2 + fraction * step / 2)
     backoff.reset()
+    assert backoff.next_delay() == 0.0
     assert backoff.next_delay() < 1.0
 
 

@@ -65,6 +65,10 @@ def test_reporter_versions_need_one_supported_entry() -> None:
         (["v1.DRAPlugin", "nodeagent.device.v1alpha1.DevicePlugin"], "native"),
         (["1.0.0"], "seed"),
         (["v1.2"], "seed"),
+        # What a modern driver (upstream kubeletplugin helper, 1.32+) advertises.
+        (["v1.DRAPlugin", "v1beta1.DRAPlugin"], "kubelet-v1"),
+        (["v1beta1.DRAPlugin"], "kubelet-v1"),
+        (["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"], "kubelet-v1"),
     ],
 )
 def test_dra_api_prefers_the_native_service_name(versions: list[str], api: str) -> None:
@@ -76,7 +80,7 @@ def test_dra_api_prefers_the_native_service_name(versions: list[str], api: str) 
     ("versions", "message"),
     [
         ([], "empty supported_versions"),
-        (["v1.DRAPlugin"], "could not parse 'v1.DRAPlugin'"),
+        (["v1alpha3.NodeService"], "could not parse 'v1alpha3.NodeService'"),
         (["nodeagent.device.v1alpha2.DevicePlugin"], "could not parse"),
         (["2.0.0"], "need major version 1"),
     ],
@@ -85,3 +89,4 @@ def test_dra_api_refuses_lists_with_neither_api(versions: list[str], message: st
     with pytest.raises(PluginValidationError, match=message) as info:
         dra_api(versions)
     assert "nodeagent.device.v1alpha1.DevicePlugin" in str(info.value)
+    assert "v1.DRAPlugin / v1beta1.DRAPlugin" in str(info.value)
