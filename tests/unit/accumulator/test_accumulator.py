@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import trio
@@ -34,8 +35,10 @@ from nodeagent.kube.client import WriteEvent
 from nodeagent.kube.models import ConfigMap
 from nodeagent.kube.resource import CONFIGMAPS
 from nodeagent.kube.watch import WatchSink
-from tests.unit.accumulator.fakes import WIDGETS, FakeClient
+from tests.unit.accumulator.fakes import SECRETS, WIDGETS, FakeClient
 from tests.unit.accumulator.helpers import dump, event, obj, page
+from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, status
+from tests.unit.kube.kube_fakes import obj as kube_obj
 
 
 @dataclass
@@ -773,3 +776,51 @@ async def test_forbidden_after_a_good_list_serves_empty(
         assert names(snap.cms) == [("default", "a"), ("default", "c")]
         assert acc.status("cms").known and acc.not_ready_reason() is None
         assert metric("nodeagent_accumulator_forbidden", query="cms") == 0
+
+
+async def test_stuck_relist_through_the_watch_loop(autojump_clock: trio.testing.MockClock) -> None:
+    # The real client and watch loop over an in-process fake apiserver: ConfigMaps get a 410,
+    # then every relist fails; Secrets keep changing meanwhile.
+    cms, secrets = FakeCluster(), FakeCluster()
+    cms.objects = {"a": "1"}
+    expired = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"}
+    cms.scripts = [[line("ERROR", expired)]]
+    secret_event = trio.Event()
+
+    async def server(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/configmaps"):
+            if cms.lists:  # every list after the first fails
+                cms.list_errors = [status(500, "InternalError", "etcdserver: request timed out")]
+            return await cms(request)
+        if request.url.params.get("watch") == "true" and not secrets.watches:
+            await secret_event.wait()
+            secrets.scripts = [[line("ADDED", kube_obj("s", "20"))]]
+        return await secrets(request)
+
+    queries: list[Query[Any]] = [
+        Query("cms", "v1", CONFIGMAPS, namespace="ns"),
+        Query("secrets", "v1", SECRETS, namespace="ns"),
+    ]
+
+    @dataclass
+    class View:
+        cms: ObjectMap[Any] = field(default_factory=ObjectMap)
+        secrets: ObjectMap[Any] = field(default_factory=ObjectMap)
+
+    async with mock_client(server, max_attempts=1) as client, trio.open_nursery() as nursery:
+        acc = Accumulator(client, queries, AccumulatorSettings())
+        await nursery.start(acc.run)
+        view = View()
+        await acc.changed()
+        acc.update(view)
+        await cms.wait(lambda: len(cms.lists) >= 4)  # the relist has failed three times
+        secret_event.set()
+        with trio.fail_after(5):
+            await acc.changed()
+        assert acc.update(view)
+        assert [k.name for k in view.secrets] == ["s"] and [k.name for k in view.cms] == ["a"]
+        reason = acc.not_ready_reason()
+        assert reason is not None and reason.startswith("cms: relist failed ")
+        assert reason.endswith("last: 500 InternalError: etcdserver: request timed out")
+        assert acc.status("cms").state is QueryState.RELISTING
+        nursery.cancel_scope.cancel()
