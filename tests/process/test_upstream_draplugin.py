@@ -247,9 +247,12 @@ def start_cluster_agent(
         NODE,
         "--registry-dir",
         str(dirs.registry),
-        # Short, so the deregistration's delete is seen within the test's deadline.
+        # Short, so the deregistration's delete is seen within the test's deadline (a gone
+        # plugin's slices are kept for the longer of the two graces).
         "--set",
         "resources.disconnect_grace=1",
+        "--set",
+        "resources.startup_grace=1",
     )
     agent.wait_ready()
     return agent
@@ -262,6 +265,24 @@ def plugins_view(agent: AgentProcess) -> list[dict[str, Any]]:
 
 def driver_slices(apiserver: ApiServer) -> list[dict[str, Any]]:
     return [s for s in node_slices(apiserver) if s["spec"]["driver"] == DRIVER]
+
+
+def wait_registered(agent: AgentProcess) -> dict[str, Any]:
+    """The plugin's /v1/plugins entry once registered; a rejection fails at once, with why."""
+
+    def check() -> dict[str, Any] | None:
+        for entry in plugins_view(agent):
+            assert entry["state"] != "rejected", f"the agent refused the plugin: {entry}"
+            if entry["state"] == "registered":
+                return entry
+        return None
+
+    try:
+        return until(check, "the plugin to register")
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}\nplugins: {json.dumps(plugins_view(agent), indent=1)}"
+        ) from None
 
 
 def wait_for_devices(
@@ -297,10 +318,7 @@ def test_upstream_plugin_publishes_through_nodeagent_run(
     agent = start_cluster_agent(start_agent, apiserver, dirs)
     plugin = DraPlugin.start(DRIVER, dirs, FIRST, workdir=tmp_path)
     try:
-        (entry,) = until(
-            lambda: [p for p in plugins_view(agent) if p["state"] == "registered"] or None,
-            "the plugin to register",
-        )
+        entry = wait_registered(agent)
         assert entry["type"] == "DRAPlugin" and entry["versions"] == ["1.0.0"]
         assert entry["socket"] == str(plugin.registration_socket)
         assert entry["endpoint"] == str(plugin.endpoint)
