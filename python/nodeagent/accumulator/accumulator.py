@@ -88,12 +88,15 @@ class _Field:
             return QueryStatus(name, QueryState.RELISTING, reason)
         return QueryStatus(name, QueryState.SYNCED)
 
-    def stuck(self) -> bool:
-        """Not synced in a way an operator must hear about (a relist merely under way is not)."""
+    def alarm(self) -> str | None:
+        """The status reason if an operator must hear about it (a relist merely under way is
+        not worth a readiness failure; one that failed is)."""
         st = self.status()
-        return st.state is not QueryState.SYNCED and (
-            st.state is not QueryState.RELISTING or self.sink.list_error is not None
-        )
+        if st.state is QueryState.SYNCED:
+            return None
+        if st.state is QueryState.RELISTING and self.sink.list_error is None:
+            return None
+        return st.reason
 
 
 class Accumulator:
@@ -148,11 +151,7 @@ class Accumulator:
         """Queries whose state an operator should hear about, with the reason: not synced yet,
         Forbidden, kind not resolved, or a relist that failed (a relist merely under way is
         not a problem, but its query is not `known` either)."""
-        out: dict[str, str] = {}
-        for f in self._fields:
-            if f.stuck():
-                out[f.query.name] = f.status().reason or ""
-        return out
+        return {f.query.name: why for f in self._fields if (why := f.alarm()) is not None}
 
     def not_ready_reason(self) -> str | None:
         """Why the snapshot is not (fully) trustworthy, for readiness; None when it is."""
