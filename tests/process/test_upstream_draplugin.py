@@ -258,9 +258,13 @@ def start_cluster_agent(
     return agent
 
 
-def plugins_view(agent: AgentProcess) -> list[dict[str, Any]]:
+def all_plugins(agent: AgentProcess) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = json.loads(agent.get("/v1/plugins")[1])
-    return [item for item in items if item["name"] == DRIVER]
+    return items
+
+
+def plugins_view(agent: AgentProcess) -> list[dict[str, Any]]:
+    return [item for item in all_plugins(agent) if item["name"] == DRIVER]
 
 
 def driver_slices(apiserver: ApiServer) -> list[dict[str, Any]]:
@@ -308,13 +312,24 @@ def wait_for_devices(
         ) from None
 
 
+@pytest.fixture(params=["upstream-layout", "endpoint-in-registry"])
+def layout(request: pytest.FixtureRequest) -> Iterator[KubeletDirs]:
+    """The upstream layout (dra.sock in <plugins>/<driver>/, beside the registry), and the
+    service socket inside the registry tree (<registry>/<driver>/dra.sock), where the agent
+    must not take it for a plugin of its own."""
+    made = kubelet_dirs(plugins_in_registry=request.param == "endpoint-in-registry")
+    yield made
+    made.remove()
+
+
 @pytest.mark.usefixtures("node")
 def test_upstream_plugin_publishes_through_nodeagent_run(
     apiserver: ApiServer,
     start_agent: StartAgent,
-    dirs: KubeletDirs,
+    layout: KubeletDirs,
     tmp_path: Path,
 ) -> None:
+    dirs = layout
     agent = start_cluster_agent(start_agent, apiserver, dirs)
     plugin = DraPlugin.start(DRIVER, dirs, FIRST, workdir=tmp_path)
     try:
@@ -352,6 +367,9 @@ def test_upstream_plugin_publishes_through_nodeagent_run(
 
         plugin.update(FIRST)
         wait_for_devices(apiserver, agent, FIRST)
+        # The service socket has existed for seconds (registry scans every second): it is this
+        # plugin's endpoint, never probed as a plugin itself.
+        assert [p["socket"] for p in all_plugins(agent)] == [str(plugin.registration_socket)]
 
         # The plugin goes away (its helper removes the registration socket): deregistered, and
         # its slices deleted after the disconnect grace.

@@ -123,29 +123,27 @@ def named_resources(*instances: Mapping[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class KubeletDirs:
-    """A kubelet-like tree: ``root/plugins_registry`` and ``root/plugins`` (both exist)."""
+    """A kubelet-like tree under `root`: the registry directory and the plugins directory (by
+    default ``root/plugins_registry`` and ``root/plugins``; both exist)."""
 
     root: pathlib.Path
-
-    @property
-    def registry(self) -> pathlib.Path:
-        return self.root / "plugins_registry"
-
-    @property
-    def plugins(self) -> pathlib.Path:
-        return self.root / "plugins"
+    registry: pathlib.Path
+    plugins: pathlib.Path
 
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def kubelet_dirs(prefix: str = "na-dra-") -> KubeletDirs:
+def kubelet_dirs(prefix: str = "na-dra-", *, plugins_in_registry: bool = False) -> KubeletDirs:
     """A fresh tree under /tmp: unix socket paths are limited to 107 bytes, which pytest's
-    tmp_path can exceed."""
-    dirs = KubeletDirs(pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp")))
-    dirs.registry.mkdir()
-    dirs.plugins.mkdir()
-    return dirs
+    tmp_path can exceed. `plugins_in_registry` makes the plugins directory the registry itself,
+    so the service socket lands inside the watched tree (``<registry>/<driver>/dra.sock``)."""
+    root = pathlib.Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    registry = root / "plugins_registry"
+    plugins = registry if plugins_in_registry else root / "plugins"
+    registry.mkdir()
+    plugins.mkdir(exist_ok=True)
+    return KubeletDirs(root, registry, plugins)
 
 
 class DraPlugin:
