@@ -35,10 +35,10 @@ import trio
 import trio.testing
 
 from benches.report import print_uncaptured
-from nodeagent.accumulator import Accumulator, Query
+from nodeagent.accumulator import Accumulator
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors, load_kubeconfig
 from nodeagent.plugins import PluginManager, open_grpc_bridge
-from nodeagent.resources.publisher import Publisher, slices_query_args
+from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.sdk.dra import Device, DevicePlugin
 from tests.integration.test_resourceslices_checklist import api_writes
@@ -124,7 +124,7 @@ async def agent(srv: ApiServer, registry: str) -> Any:
         manager = PluginManager(
             fast_settings(registry, probe_interval=2.0, probe_failures=3), bridge
         )
-        acc = Accumulator(client, [Query(**slices_query_args(NODE))])
+        acc = Accumulator(client, publisher_queries(NODE))
         pub = Publisher(
             node_name=NODE,
             inventories=manager.channel("DRAPlugin"),

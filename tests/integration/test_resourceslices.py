@@ -15,14 +15,14 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.accumulator import Accumulator, Query
+from nodeagent.accumulator import Accumulator
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors
 from nodeagent.kube.metrics import WATCH_EVENTS
 from nodeagent.kube.models import Node
 from nodeagent.plugins.handler import PluginData
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
-from nodeagent.resources.publisher import Publisher, slices_query_args
+from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from tests.integration.conftest import client_for
 from tests.support.apiserver import ApiServer
@@ -89,7 +89,7 @@ async def publisher(
 ) -> AsyncIterator[Publisher]:
     settings.setdefault("startup_grace", 0.5)
     async with client_for(apiserver, NODE) as client, trio.open_nursery() as nursery:
-        acc = Accumulator(client, [Query(**slices_query_args(NODE))])
+        acc = Accumulator(client, publisher_queries(NODE))
         pub = Publisher(
             node_name=NODE,
             inventories=plugins.latest,

@@ -12,11 +12,11 @@ import msgspec
 import pytest
 import trio
 
-from nodeagent.accumulator import Accumulator, Query
+from nodeagent.accumulator import Accumulator
 from nodeagent.kube import CORE_EVENTS, KubeClient
 from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
 from nodeagent.resources import metrics
-from nodeagent.resources.publisher import Publisher, slices_query_args
+from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.sdk.dra import Device, DevicePlugin, Quantity, SemVer
 from tests.integration.conftest import client_for
@@ -65,7 +65,7 @@ async def test_seed_plugin_to_resourceslices(
     rejected = metrics.ATTRIBUTES_REJECTED.labels(DRIVER)._value.get()
     manager = PluginManager(fast_settings(registry), bridge)
     async with client_for(apiserver, NODE) as client, trio.open_nursery() as nursery:
-        acc = Accumulator(client, [Query(**slices_query_args(NODE))])
+        acc = Accumulator(client, publisher_queries(NODE))
         pub = Publisher(
             node_name=NODE,
             inventories=manager.channel("DRAPlugin"),

@@ -289,8 +289,16 @@ async def test_an_unexpected_error_fails_one_pool_and_is_retried(autojump_clock:
     cluster, plugins = FakeCluster(), Plugins()
     errors = value(metrics.SYNCS.labels("error"))
     async with running(cluster, plugins, retry_backoff_initial=1.0) as pub:
+        raised: list[str] = []
+
+        def boom_once_in_a(verb: str, obj: Any) -> Exception | None:
+            if verb == "create" and obj["spec"]["pool"]["name"] == "a" and not raised:
+                raised.append("a")
+                return RuntimeError("boom")
+            return None
+
+        cluster.reject = boom_once_in_a
         plugins.send(inventory(3, pools=("a", "b")))
-        cluster.faults = [RuntimeError("boom")]
         await settle()
         assert pub.failing() == {(DRIVER, "a"): "unexpected error: RuntimeError('boom')"}
         assert value(metrics.SYNCS.labels("error")) == errors + 1
