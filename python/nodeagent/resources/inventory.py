@@ -18,12 +18,12 @@ from nodeagent.log import get_logger
 from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import metrics
-from nodeagent.resources.convert import from_native, from_seed
+from nodeagent.resources.convert import SeedRejection, from_native, from_seed
 from nodeagent.resources.model import InvalidInventory, Inventory, validate_inventory
 
 log = get_logger(__name__)
 
-__all__ = ["DriverState", "InventoryTracker"]
+__all__ = ["Converted", "DriverState", "InventoryTracker"]
 
 
 @dataclass
@@ -36,6 +36,16 @@ class DriverState:
     last_error: str = ""
 
 
+@dataclass(frozen=True)
+class Converted:
+    """One plugin message converted: the inventory, or the error that rejects it."""
+
+    message: Message
+    inventory: Inventory | None
+    rejected: list[SeedRejection]  # seed attributes and devices left out
+    error: InvalidInventory | None
+
+
 class InventoryTracker:
     """Feeds on the plugin manager's snapshots (name -> PluginData); `update` returns the
     drivers whose published state may have changed."""
@@ -46,7 +56,23 @@ class InventoryTracker:
         # (reason, message) of problems a plugin author must see (Events on the Node).
         self._report = report or (lambda reason, message: None)
 
-    def update(self, plugins: Mapping[str, Any], now: float) -> set[str]:
+    def unseen(self, plugins: Mapping[str, Any]) -> dict[str, Message]:
+        """The plugins' messages `update` has not taken in yet."""
+        out: dict[str, Message] = {}
+        for name, data in plugins.items():
+            state = self.drivers.get(name)
+            if data.message is not None and (state is None or data.message is not state.message):
+                out[name] = data.message
+        return out
+
+    def update(
+        self,
+        plugins: Mapping[str, Any],
+        now: float,
+        converted: Mapping[str, Converted] | None = None,
+    ) -> set[str]:
+        """Takes in the plugins' snapshot; `converted` holds messages already converted (in
+        a worker thread: a large inventory costs tens of milliseconds of CPU)."""
         changed: set[str] = set()
         for name, data in plugins.items():
             state = self.drivers.setdefault(name, DriverState())
@@ -56,7 +82,10 @@ class InventoryTracker:
                 changed.add(name)
             if data.message is not state.message:
                 state.message = data.message
-                if self._accept(name, state, data.message):
+                done = (converted or {}).get(name)
+                if done is None or done.message is not data.message:
+                    done = self.convert(name, data.message)
+                if self._accept(name, state, done):
                     changed.add(name)
         for name, state in self.drivers.items():
             if name not in plugins and state.registered:
@@ -65,33 +94,39 @@ class InventoryTracker:
                 changed.add(name)
         return changed
 
-    def _accept(self, driver: str, state: DriverState, message: Message) -> bool:
+    def convert(self, driver: str, message: Message) -> Converted:
+        """The message as a validated inventory, or why not. Pure: safe in a worker thread."""
+        rejected: list[SeedRejection] = []
         try:
             if isinstance(message, device_pb2.Inventory):
                 inventory = from_native(driver, message)
             elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
                 inventory, rejected = from_seed(driver, self.node_name, message)
-                for r in rejected:
-                    whole_device = r.attribute is None
-                    what = "Device" if whole_device else "Attribute"
-                    counter = (
-                        metrics.DEVICES_REJECTED if whole_device else metrics.ATTRIBUTES_REJECTED
-                    )
-                    counter.labels(driver).inc()
-                    self._report(f"Resource{what}NotPublished", f"plugin {driver!r}: {r}")
-                    log.warning(
-                        f"plugin {what.lower()} not published",
-                        driver=driver,
-                        device=r.device,
-                        attribute=r.attribute,
-                        rule=r.rule,
-                    )
             else:
                 raise InvalidInventory(
                     driver, [f"unsupported message type {type(message).__name__}"]
                 )
             validate_inventory(inventory)
         except InvalidInventory as exc:
+            return Converted(message, None, rejected, exc)
+        return Converted(message, inventory, rejected, None)
+
+    def _accept(self, driver: str, state: DriverState, done: Converted) -> bool:
+        for r in done.rejected:
+            whole_device = r.attribute is None
+            what = "Device" if whole_device else "Attribute"
+            counter = metrics.DEVICES_REJECTED if whole_device else metrics.ATTRIBUTES_REJECTED
+            counter.labels(driver).inc()
+            self._report(f"Resource{what}NotPublished", f"plugin {driver!r}: {r}")
+            log.warning(
+                f"plugin {what.lower()} not published",
+                driver=driver,
+                device=r.device,
+                attribute=r.attribute,
+                rule=r.rule,
+            )
+        exc = done.error
+        if exc is not None or done.inventory is None:
             metrics.INVENTORIES_REJECTED.labels(driver).inc()
             state.last_error = str(exc)
             self._report("ResourceInventoryRejected", str(exc))
@@ -101,9 +136,9 @@ class InventoryTracker:
                 else "plugin inventory rejected; no valid inventory since the agent started: "
                 "the slices already published for it stay as they are",
                 driver=driver,
-                errors=exc.errors,
+                errors=exc.errors if exc is not None else [],
             )
             return False
-        state.inventory = inventory
+        state.inventory = done.inventory
         state.last_error = ""
         return True

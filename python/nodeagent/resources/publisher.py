@@ -27,12 +27,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import msgspec
 import trio
+from google.protobuf.message import Message
 
 from nodeagent import _native
 from nodeagent.accumulator.model import Query
@@ -42,7 +43,7 @@ from nodeagent.log import get_logger
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources import metrics
 from nodeagent.resources.events import NodeEvents
-from nodeagent.resources.inventory import DriverState, InventoryTracker
+from nodeagent.resources.inventory import Converted, DriverState, InventoryTracker
 from nodeagent.resources.model import API_VERSION, KIND, Inventory, desired_slices
 from nodeagent.resources.queue import WorkQueue
 from nodeagent.resources.settings import ResourcesSettings
@@ -247,6 +248,8 @@ class Publisher:
         self._server_form: dict[bytes, bytes] = {}
         # Per driver: the inventory its pools' view was built from, and that view.
         self._views: dict[str, tuple[Inventory, dict[str, Any]]] = {}
+        self._taken_version = -1  # the newest plugins snapshot taken in
+        self._taken = trio.Event()
         self.writes = 0
 
     # -- public ---------------------------------------------------------------------------
@@ -319,6 +322,13 @@ class Publisher:
         """The observed state has been read completely at least once."""
         return self._synced_once
 
+    async def wait_inventories(self) -> None:
+        """Until the plugins' snapshot that is newest now has been taken in (converted, and
+        its desired slices built and queued)."""
+        target = self._inventories.version
+        while self._taken_version < target:
+            await self._taken.wait()
+
     async def wait_idle(self) -> None:
         """Until the observed state has been read and no pool is queued, waiting or syncing."""
         await self._synced.wait()
@@ -344,29 +354,60 @@ class Publisher:
         version = -1
         while True:
             version, plugins = await self._inventories.wait_newer(version)
-            changed = self._tracker.update(plugins, trio.current_time())
-            for driver in changed:
-                self._refresh_desired(driver)
+            # Converting, validating and splitting a large inventory costs tens of milliseconds
+            # of CPU: in a worker thread, the event loop (heartbeat, probes) stays responsive.
+            # This task is the only writer of the tracker and the desired state, so the thread
+            # reads them undisturbed.
+            unseen = self._tracker.unseen(plugins)
+            threaded = self._large(unseen.values())
+            converted = None
+            if threaded:
+                converted = await trio.to_thread.run_sync(self._convert_all, unseen)
+            changed = self._tracker.update(plugins, trio.current_time(), converted)
             if changed:
+                if threaded:
+                    built = await trio.to_thread.run_sync(self._build_desired, changed)
+                else:
+                    built = self._build_desired(changed)
+                for driver, pools in built.items():
+                    self._apply_desired(driver, pools)
                 self._prune_server_forms()
-            metrics.DESIRED_SLICES.set(sum(len(d.specs) for d in self._desired.values()))
+                metrics.DESIRED_SLICES.set(sum(len(d.specs) for d in self._desired.values()))
+            self._taken_version = version
+            self._taken.set()
+            self._taken = trio.Event()
 
-    def _refresh_desired(self, driver: str) -> None:
-        state = self._tracker.drivers[driver]
+    def _large(self, messages: Iterable[Message]) -> bool:
+        threshold = self.settings.thread_threshold
+        return sum(m.ByteSize() for m in messages) >= threshold > 0
+
+    def _convert_all(self, messages: Mapping[str, Message]) -> dict[str, Converted]:
+        return {name: self._tracker.convert(name, m) for name, m in messages.items()}
+
+    def _build_desired(self, drivers: Iterable[str]) -> dict[str, dict[PoolKey, _Desired]]:
+        """Each driver's desired slices per pool, unchanged pools reusing what is prepared."""
+        out: dict[str, dict[PoolKey, _Desired]] = {}
+        for driver in drivers:
+            inventory = self._tracker.drivers[driver].inventory
+            pools: dict[PoolKey, _Desired] = {}
+            for pool in inventory.pools if inventory is not None else []:
+                key = (driver, pool.name)
+                slices = desired_slices(driver, pool, self.node_name)
+                specs = tuple(msgspec.json.encode(s) for s in slices)
+                old = self._desired.get(key)
+                pools[key] = old if old is not None and old.specs == specs else self._prepare(specs)
+            out[driver] = pools
+        return out
+
+    def _apply_desired(self, driver: str, pools: dict[PoolKey, _Desired]) -> None:
         keys = {k for k in self._desired if k[0] == driver}
         keys |= {k for k in self._observed if k[0] == driver}
-        new: dict[PoolKey, tuple[bytes, ...]] = {}
-        if state.inventory is not None:
-            for pool in state.inventory.pools:
-                slices = desired_slices(driver, pool, self.node_name)
-                new[(driver, pool.name)] = tuple(msgspec.json.encode(s) for s in slices)
-        for key in keys | set(new):
-            specs = new.get(key)
-            old = self._desired.get(key)
-            if specs is None:
+        for key in keys | set(pools):
+            desired = pools.get(key)
+            if desired is None:
                 self._desired.pop(key, None)
-            elif old is None or old.specs != specs:
-                self._desired[key] = self._prepare(specs)
+            else:
+                self._desired[key] = desired
             if not self.standalone:
                 self._queue.add(key)
         metrics.QUEUE_DEPTH.set(len(self._queue))

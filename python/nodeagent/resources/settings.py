@@ -25,6 +25,9 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # Seconds between two syncs of one pool: an isolated change is written at once, a storm of
     # changes (a flapping plugin) at most once per interval, the latest inventory winning.
     min_sync_interval: float = 0.1
+    # Plugin messages of at least this many bytes (together, per update) are converted and
+    # split into slices in a worker thread, so the event loop stays responsive; 0: never.
+    thread_threshold: int = 65536
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
@@ -36,6 +39,8 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"resources.{name}", value, "must be a finite number > 0")
+        if self.thread_threshold < 0:
+            raise ConfigError("resources.thread_threshold", self.thread_threshold, "must be >= 0")
         if self.retry_backoff_max < self.retry_backoff_initial:
             raise ConfigError(
                 "resources.retry_backoff_max",

@@ -360,3 +360,19 @@ async def test_a_write_stored_whole_forgets_the_server_form(autojump_clock: Any)
         assert pub._server_form == {}
         await trio.sleep(10)
         assert [c[0] for c in cluster.writes()] == ["create", "create"]
+
+
+async def test_large_inventories_are_converted_in_a_worker_thread(autojump_clock: Any) -> None:
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins, thread_threshold=1) as pub:
+        plugins.send(inventory(200))
+        await pub.wait_inventories()
+        await settle()
+        assert [len(o["spec"]["devices"]) for o in slices(cluster)] == [128, 72]
+        bad = inventory(200)
+        bad.pools[0].devices[1].name = "Not_A_Label"
+        plugins.send(bad)
+        await pub.wait_inventories()
+        await settle()
+        assert pub.rejected() == [DRIVER]
+        assert len(cluster.writes()) == 2
