@@ -41,9 +41,7 @@ RPC_TIMEOUT = 10.0
 LONG = "n" * 53 + ".abc"
 
 
-def seed_instance(
-    name: str, index: int, model: str, memory: str, **extra: dict[str, Any]
-) -> dict[str, Any]:
+def seed_instance(name: str, index: int, model: str, memory: str) -> dict[str, Any]:
     """An instance with one attribute of every seed kind (the slices are dropped on conversion)."""
     return instance(
         name,
@@ -55,7 +53,6 @@ def seed_instance(
             "memory": {"quantity": memory},
             "numaNodes": {"intSlice": {"ints": [0, index]}},
             "links": {"stringSlice": {"strings": ["nvlink", "pcie"]}},
-            **extra,
         },
     )
 
@@ -89,8 +86,14 @@ def v1_device_name(seed_name: str) -> str:
 
 # Canonical quantity strings (resource.Quantity's CanonicalizeBytes) of the values above. The Go
 # plugin's proto marshalling already sends this form: `1024Mi` in the file arrives as `1Gi`.
-CANONICAL = {"40Gi": "40Gi", "1024Mi": "1Gi", "10Gi": "10Gi", "1": "1", "80Gi": "80Gi"}
-CANONICAL["81920Mi"] = "80Gi"
+CANONICAL = {
+    "40Gi": "40Gi",
+    "1024Mi": "1Gi",
+    "10Gi": "10Gi",
+    "1": "1",
+    "80Gi": "80Gi",
+    "81920Mi": "80Gi",
+}
 
 
 def canonical(resources: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -247,7 +247,7 @@ class DraPlugin:
             self.proc.wait()
         self._log_file.close()
 
-    def _wait(self, condition: Any, what: str, timeout: float) -> None:
+    def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while not condition():
             if self.proc.poll() is not None:
