@@ -441,7 +441,7 @@ impl Table {
                 make_key(key, h.meta.namespace.as_deref().unwrap_or(""), name);
                 let hs = self.map.hash(key);
                 if let Some(slot) = self.map.probable(hs) {
-                    prefetch(std::ptr::from_ref(slot).cast(), std::mem::size_of_val(slot));
+                    prefetch(std::ptr::from_ref(slot).cast(), size_of_val(slot));
                 }
                 hash = Some(hs);
             }
@@ -618,7 +618,7 @@ impl Table {
 
     /// Bytes held: object bytes plus keys and per-entry bookkeeping.
     pub fn memory_usage(&self) -> usize {
-        let per_entry = std::mem::size_of::<Entry>() + std::mem::size_of::<Box<str>>() + 8;
+        let per_entry = size_of::<Entry>() + size_of::<Box<str>>() + 8;
         self.book.raw_bytes
             + self.map.keys().map(|k| k.len()).sum::<usize>()
             + self.map.capacity() * per_entry
