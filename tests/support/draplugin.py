@@ -20,6 +20,7 @@ Environment:
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pathlib
@@ -29,6 +30,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
@@ -209,6 +211,7 @@ class DraPlugin:
             stderr=log_file,
         )
         plugin = cls(driver, dirs, inventory_path, log_path, proc, log_file)
+        _live.add(plugin)
         try:
             plugin._wait(
                 lambda: plugin.registration_socket.is_socket() and plugin.endpoint.is_socket(),
@@ -258,6 +261,16 @@ class DraPlugin:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"draplugin: no {what} within {timeout}s:\n{self.log()[-4000:]}")
             time.sleep(0.02)
+
+
+# A test that dies between start and close must not leave the plugin running.
+_live: weakref.WeakSet[DraPlugin] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_leftovers() -> None:
+    for plugin in list(_live):
+        plugin.close()
 
 
 def _write_json(path: pathlib.Path, value: Any) -> None:
