@@ -175,6 +175,17 @@ class _Snapshot:
 class _Desired:
     specs: tuple[bytes, ...]
     prepared: list[_native.PreparedDesired]
+    # The specs as JSON objects for the ops view; built when first asked for (or, for large
+    # inventories, in the worker thread), reusing the objects of unchanged slices.
+    views: list[dict[str, Any]] | None = None
+
+    def slice_views(self, reuse: _Desired | None = None) -> list[dict[str, Any]]:
+        if self.views is None:
+            known = (
+                dict(zip(reuse.specs, reuse.views, strict=True)) if reuse and reuse.views else {}
+            )
+            self.views = [known.get(s) or msgspec.json.decode(s) for s in self.specs]
+        return self.views
 
 
 @dataclass(frozen=True)
@@ -246,8 +257,8 @@ class Publisher:
         # behind disabled feature gates are dropped): planning against what the server keeps
         # stops an endless update loop. Only for current desired specs.
         self._server_form: dict[bytes, bytes] = {}
-        # Per driver: the inventory its pools' view was built from, and that view.
-        self._views: dict[str, tuple[Inventory, dict[str, Any]]] = {}
+        # Per driver: the desired pools its view was built from, and that view.
+        self._views: dict[str, tuple[tuple[_Desired | None, ...], dict[str, Any]]] = {}
         self._taken_version = -1  # the newest plugins snapshot taken in
         self._taken = trio.Event()
         self.writes = 0
@@ -274,16 +285,19 @@ class Publisher:
         if inventory is None:
             self._views.pop(driver, None)
             return {}
+        desired = tuple(self._desired.get((driver, pool.name)) for pool in inventory.pools)
         cached = self._views.get(driver)
-        if cached is not None and cached[0] is inventory:
+        if (
+            cached is not None
+            and len(cached[0]) == len(desired)
+            and all(a is b for a, b in zip(cached[0], desired, strict=True))
+        ):
             return cached[1]
         pools = {
-            pool.name: [
-                msgspec.to_builtins(s) for s in desired_slices(driver, pool, self.node_name)
-            ]
-            for pool in inventory.pools
+            pool.name: d.slice_views() if d is not None else []
+            for pool, d in zip(inventory.pools, desired, strict=True)
         }
-        self._views[driver] = (inventory, pools)
+        self._views[driver] = (desired, pools)
         return pools
 
     def counts(self) -> tuple[int, int, int]:
@@ -301,6 +315,10 @@ class Publisher:
         """Pools whose last sync failed (retrying with backoff) or that are refused, with the
         error."""
         return dict(self._failing)
+
+    def refused(self) -> set[PoolKey]:
+        """Pools not published because they hold slices nodeagent does not manage."""
+        return set(self._refused)
 
     def pending(self) -> int:
         """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
@@ -366,7 +384,7 @@ class Publisher:
             changed = self._tracker.update(plugins, trio.current_time(), converted)
             if changed:
                 if threaded:
-                    built = await trio.to_thread.run_sync(self._build_desired, changed)
+                    built = await trio.to_thread.run_sync(self._build_desired, changed, True)
                 else:
                     built = self._build_desired(changed)
                 for driver, pools in built.items():
@@ -384,8 +402,12 @@ class Publisher:
     def _convert_all(self, messages: Mapping[str, Message]) -> dict[str, Converted]:
         return {name: self._tracker.convert(name, m) for name, m in messages.items()}
 
-    def _build_desired(self, drivers: Iterable[str]) -> dict[str, dict[PoolKey, _Desired]]:
-        """Each driver's desired slices per pool, unchanged pools reusing what is prepared."""
+    def _build_desired(
+        self, drivers: Iterable[str], views: bool = False
+    ) -> dict[str, dict[PoolKey, _Desired]]:
+        """Each driver's desired slices per pool, unchanged pools reusing what is prepared;
+        with `views`, their ops views too (off the loop, which would otherwise build them on
+        the next /v1/status)."""
         out: dict[str, dict[PoolKey, _Desired]] = {}
         for driver in drivers:
             inventory = self._tracker.drivers[driver].inventory
@@ -395,7 +417,12 @@ class Publisher:
                 slices = desired_slices(driver, pool, self.node_name)
                 specs = tuple(msgspec.json.encode(s) for s in slices)
                 old = self._desired.get(key)
-                pools[key] = old if old is not None and old.specs == specs else self._prepare(specs)
+                if old is not None and old.specs == specs:
+                    pools[key] = old
+                    continue
+                pools[key] = desired = self._prepare(specs)
+                if views:
+                    desired.slice_views(old)
             out[driver] = pools
         return out
 
@@ -529,8 +556,11 @@ class Publisher:
             != self._observed_versions(k)
         }
         found = {k: tuple(sorted(v)) for k, v in foreign.items()}
-        changed |= {k for k in set(found) ^ set(self._foreign)} | {
-            k for k in set(found) & set(self._foreign) if found[k] != self._foreign[k]
+        # Another driver's own slices are none of our business: only pools we publish or want
+        # to publish care about foreign slices.
+        ours = set(self._desired) | set(groups) | set(self._observed)
+        changed |= {k for k in set(found) | set(self._foreign) if k in ours} - {
+            k for k in set(found) & set(self._foreign) if found[k] == self._foreign[k]
         }
         self._observed, self._foreign = groups, found
         return changed
@@ -856,6 +886,7 @@ class Publisher:
         for key, d in self._desired.items():
             if spec_bytes in d.specs:
                 self._desired[key] = self._prepare(d.specs)
+                self._desired[key].views = d.views
 
 
 def _result(exc: ApiError) -> str:

@@ -140,6 +140,8 @@ class ResourcesComponent:
         if failing:
             (driver, pool), error = sorted(failing.items())[0]
             more = f" (+{len(failing) - 1} more pools)" if len(failing) > 1 else ""
+            if (driver, pool) in pub.refused():
+                return False, f"{error}{more}"
             return False, f"writing pool {pool} of driver {driver} fails: {error}{more}"
         return True, f"{counts} desired, {pub.pending()} pools pending{problems}"
 

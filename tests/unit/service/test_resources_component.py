@@ -104,3 +104,42 @@ def test_slice_summary_counts_slices_and_devices() -> None:
             "last_error": "",
         },
     ]
+
+
+async def test_readiness_counts_without_building_the_slices(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from nodeagent.plugins.handler import PluginData
+    from tests.unit.resources.test_publisher import inventory
+
+    inventories: LatestValue[Mapping[str, Any]] = LatestValue({})
+    comp = ResourcesComponent(
+        node_name="node-a",
+        inventories=inventories,
+        settings=ResourcesSettings(),
+        accumulator_settings=AccumulatorSettings(),
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(comp.run)
+        data = PluginData(
+            name="gpu.example.com",
+            plugin_type="DRAPlugin",
+            endpoint="/x.sock",
+            message=inventory(200),
+            received_at=0.0,
+            registered=True,
+        )
+        inventories.set({"gpu.example.com": data})
+        await trio.testing.wait_all_tasks_blocked()
+        pub = comp.publisher
+        assert pub is not None
+
+        def built() -> dict[str, Any]:
+            raise AssertionError("readiness built the desired slices")
+
+        pub.desired_view = built  # type: ignore[method-assign]
+        assert comp.readiness() == (
+            True,
+            "standalone: 1 drivers, 1 pools, 2 slices desired, not written",
+        )
+        nursery.cancel_scope.cancel()
