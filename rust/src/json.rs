@@ -1,9 +1,11 @@
-//! A validating single-pass JSON scanner.
+//! The crate's one JSON scanner: a validating single pass over RFC 8259 bytes.
 //!
-//! The store needs, per watch event, a few metadata strings and the byte span of the object,
-//! while still rejecting malformed JSON. A general parser would build a tree or decode twice
-//! (once to find the object, once for its metadata); this scanner validates every byte once and
-//! lets the caller pick out the fields it wants on the way.
+//! Both users read a few things out of large documents and must reject malformed ones. The watch
+//! store needs, per event, a few metadata strings and the byte span of the object; the planner's
+//! canonicaliser (`planner::canon`) writes a canonical form as it reads. A general parser would
+//! build a tree or decode twice; this scanner validates every byte once and lets the caller pick
+//! out what it wants on the way. The grammar (strings, escapes, numbers, literals, whitespace)
+//! lives only here, so the two cannot disagree about what valid JSON is.
 
 use std::borrow::Cow;
 
@@ -35,9 +37,10 @@ impl<'a> Scanner<'a> {
         Scanner { buf, pos }
     }
 
+    /// An error at the current position, in the form every caller reports.
     #[cold]
     #[inline(never)]
-    fn err<T>(&self, what: &str) -> Result<T> {
+    pub fn err<T>(&self, what: &str) -> Result<T> {
         Err(format!("invalid JSON at byte {}: {what}", self.pos))
     }
 
@@ -58,10 +61,20 @@ impl<'a> Scanner<'a> {
         self.buf.get(self.pos).copied()
     }
 
+    /// Consumes `c` (after whitespace) if it is next.
     #[inline]
-    pub fn expect(&mut self, c: u8) -> Result<()> {
+    pub fn eat(&mut self, c: u8) -> bool {
         if self.peek() == Some(c) {
             self.pos += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    #[inline]
+    pub fn expect(&mut self, c: u8) -> Result<()> {
+        if self.eat(c) {
             Ok(())
         } else {
             self.expected(c)
@@ -72,6 +85,29 @@ impl<'a> Scanner<'a> {
     #[inline(never)]
     fn expected(&self, c: u8) -> Result<()> {
         self.err(&format!("expected '{}'", c as char))
+    }
+
+    /// After a member or an element of a container that `close` ends: whether a comma follows
+    /// (another one comes), or else the container's end (consumed).
+    #[inline]
+    pub fn comma_or(&mut self, close: u8) -> Result<bool> {
+        match self.peek() {
+            Some(b',') => {
+                self.pos += 1;
+                Ok(true)
+            }
+            Some(c) if c == close => {
+                self.pos += 1;
+                Ok(false)
+            }
+            _ => self.expected_comma_or(close),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn expected_comma_or(&self, close: u8) -> Result<bool> {
+        self.err(&format!("expected ',' or '{}'", close as char))
     }
 
     /// After the value that must be the whole document: only whitespace may follow.
@@ -139,6 +175,8 @@ impl<'a> Scanner<'a> {
 
     /// A string value, decoded (borrowed when it has no escapes).
     pub fn string(&mut self) -> Result<Cow<'a, str>> {
+        // `at` must be the opening quote, not whitespace before it: the decoder strips it.
+        self.ws();
         let at = self.pos;
         let (raw, escaped) = self.raw_string()?;
         if !escaped {
@@ -153,11 +191,14 @@ impl<'a> Scanner<'a> {
             .ok_or_else(|| format!("invalid string at byte {at}"))
     }
 
-    fn number(&mut self) -> Result<()> {
-        match number_end(self.buf, self.pos) {
+    /// A number (RFC 8259 grammar); returns its text.
+    pub fn number(&mut self) -> Result<&'a str> {
+        let start = self.pos;
+        match number_end(self.buf, start) {
             Ok(end) => {
                 self.pos = end;
-                Ok(())
+                // The grammar admits only ASCII, so this never fails.
+                std::str::from_utf8(&self.buf[start..end]).or_else(|_| self.err("bad number"))
             }
             Err((at, what)) => {
                 self.pos = at;
@@ -170,14 +211,13 @@ impl<'a> Scanner<'a> {
     pub fn integer(&mut self) -> Result<i64> {
         self.ws();
         let start = self.pos;
-        self.number()?;
-        std::str::from_utf8(&self.buf[start..self.pos])
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("expected integer at byte {start}"))
+        self.number()?
+            .parse()
+            .map_err(|_| format!("expected integer at byte {start}"))
     }
 
-    fn literal(&mut self, word: &[u8]) -> Result<()> {
+    /// `true`, `false` or `null`, whichever `word` is.
+    pub fn literal(&mut self, word: &[u8]) -> Result<()> {
         if self.buf[self.pos..].starts_with(word) {
             self.pos += word.len();
             Ok(())
@@ -196,38 +236,28 @@ impl<'a> Scanner<'a> {
         'value: loop {
             match self.peek() {
                 Some(b'"') => self.skip_string()?,
-                Some(b'{') => {
+                Some(open @ (b'{' | b'[')) => {
+                    let object = open == b'{';
                     self.pos += 1;
-                    if self.peek() == Some(b'}') {
-                        self.pos += 1;
-                    } else {
+                    if !self.eat(if object { b'}' } else { b']' }) {
                         if depth == MAX_DEPTH {
                             return self.err("nesting too deep");
                         }
-                        stack[depth] = true;
+                        stack[depth] = object;
                         depth += 1;
-                        self.skip_string()?;
-                        self.expect(b':')?;
-                        continue 'value;
-                    }
-                }
-                Some(b'[') => {
-                    self.pos += 1;
-                    if self.peek() == Some(b']') {
-                        self.pos += 1;
-                    } else {
-                        if depth == MAX_DEPTH {
-                            return self.err("nesting too deep");
+                        if object {
+                            self.skip_string()?;
+                            self.expect(b':')?;
                         }
-                        stack[depth] = false;
-                        depth += 1;
                         continue 'value;
                     }
                 }
                 Some(b't') => self.literal(b"true")?,
                 Some(b'f') => self.literal(b"false")?,
                 Some(b'n') => self.literal(b"null")?,
-                Some(b'-' | b'0'..=b'9') => self.number()?,
+                Some(b'-' | b'0'..=b'9') => {
+                    self.number()?;
+                }
                 Some(_) => return self.err("unexpected character"),
                 None => return self.err("unexpected end of input"),
             }
@@ -262,8 +292,7 @@ impl<'a> Scanner<'a> {
     /// Walks an object; `f` is called with each key and must consume exactly its value.
     pub fn object(&mut self, mut f: impl FnMut(&mut Self, &[u8]) -> Result<()>) -> Result<()> {
         self.expect(b'{')?;
-        if self.peek() == Some(b'}') {
-            self.pos += 1;
+        if self.eat(b'}') {
             return Ok(());
         }
         loop {
@@ -276,13 +305,8 @@ impl<'a> Scanner<'a> {
                 self.expect(b':')?;
                 f(self, key)?;
             }
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b'}') => {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                _ => return self.err("expected ',' or '}'"),
+            if !self.comma_or(b'}')? {
+                return Ok(());
             }
         }
     }
@@ -290,19 +314,13 @@ impl<'a> Scanner<'a> {
     /// Walks an array; `f` is called at each element and must consume it.
     pub fn array(&mut self, mut f: impl FnMut(&mut Self) -> Result<()>) -> Result<()> {
         self.expect(b'[')?;
-        if self.peek() == Some(b']') {
-            self.pos += 1;
+        if self.eat(b']') {
             return Ok(());
         }
         loop {
             f(self)?;
-            match self.peek() {
-                Some(b',') => self.pos += 1,
-                Some(b']') => {
-                    self.pos += 1;
-                    return Ok(());
-                }
-                _ => return self.err("expected ',' or ']'"),
+            if !self.comma_or(b']')? {
+                return Ok(());
             }
         }
     }
@@ -318,15 +336,9 @@ impl<'a> Scanner<'a> {
     }
 }
 
-/// Whether every byte is ASCII (then the buffer is UTF-8 without a closer look): most
-/// Kubernetes objects are, and this is cheaper than a general UTF-8 check.
-#[inline]
 /// Where the JSON number starting at `i` ends (RFC 8259 grammar), or where and why it is invalid.
-/// Shared by the watch store's scanner and the planner's canonicaliser.
-pub(crate) fn number_end(
-    b: &[u8],
-    mut i: usize,
-) -> std::result::Result<usize, (usize, &'static str)> {
+#[inline]
+fn number_end(b: &[u8], mut i: usize) -> std::result::Result<usize, (usize, &'static str)> {
     let digits = |mut i: usize| {
         while b.get(i).is_some_and(u8::is_ascii_digit) {
             i += 1;
@@ -361,6 +373,9 @@ pub(crate) fn number_end(
     Ok(i)
 }
 
+/// Whether every byte is ASCII (then the buffer is UTF-8 without a closer look): most
+/// Kubernetes objects are, and this is cheaper than a general UTF-8 check.
+#[inline]
 fn is_ascii(buf: &[u8]) -> bool {
     let mut chunks = buf.chunks_exact(64);
     let mut acc = 0u64;
@@ -518,5 +533,33 @@ mod tests {
     fn decodes_escapes() {
         let mut sc = Scanner::new(br#""a\n\u00e9\ud83d\ude00""#).unwrap();
         assert_eq!(sc.string().unwrap(), "a\n\u{e9}\u{1F600}");
+    }
+
+    #[test]
+    fn decodes_escapes_after_whitespace() {
+        // A member's value after `": "`; the decoder once took the space for the opening quote.
+        let mut sc = Scanner::new(br#"{"type": "ADD\u0045D"}"#).unwrap();
+        let mut ty = None;
+        sc.object(|sc, _| {
+            ty = Some(sc.string()?.into_owned());
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(ty.as_deref(), Some("ADDED"));
+    }
+
+    #[test]
+    fn rejects_bad_unicode_escapes() {
+        // `\u+041` once passed the planner, whose hex parser took the sign.
+        for s in [
+            r#""\u+041""#,
+            r#""\u00g1""#,
+            r#""\ud800""#,
+            r#""\ud800\u0041""#,
+            r#""\udc00""#,
+        ] {
+            let mut sc = Scanner::new(s.as_bytes()).unwrap();
+            assert!(sc.string().is_err(), "{s}");
+        }
     }
 }

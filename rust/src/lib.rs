@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+mod json;
 pub mod planner;
 pub mod store;
 

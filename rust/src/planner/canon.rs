@@ -6,8 +6,10 @@
 //! sorted in place by key. Strings are re-escaped canonically and numbers spelled by value, so
 //! equal canonical bytes mean equal content. The rules are listed in `semantic.rs`.
 
+use std::borrow::Cow;
+
 use super::quantity;
-use crate::store::json::number_end;
+use crate::json::Scanner;
 
 const MAX_DEPTH: usize = 128;
 
@@ -46,6 +48,37 @@ pub struct PoolInfo {
     pub count: Option<i64>,
 }
 
+impl PoolInfo {
+    /// A spec without a pool, or a pool without these fields: what the API server defaults.
+    fn unset() -> Self {
+        PoolInfo {
+            name: Some(String::new()),
+            generation: Some(0),
+            count: Some(0),
+        }
+    }
+}
+
+/// A value read where only a string or an integer is of interest (pool and metadata fields).
+enum Scalar<'a> {
+    Str(Cow<'a, str>),
+    /// None: a number that is not an i64.
+    Num(Option<i64>),
+    Null,
+    Other,
+}
+
+impl Scalar<'_> {
+    /// An integer field: null is the zero value, anything but an integer is None.
+    fn integer(self) -> Option<i64> {
+        match self {
+            Scalar::Null => Some(0),
+            Scalar::Num(n) => n,
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 pub struct Parsed {
     /// Canonical bytes of the spec without its pool (`null` when there is no spec).
@@ -67,10 +100,7 @@ struct Member {
 }
 
 pub struct Reader<'a> {
-    b: &'a [u8],
-    /// The same input, validated as UTF-8 once: slicing it at ASCII delimiters is free.
-    text: &'a str,
-    pos: usize,
+    sc: Scanner<'a>,
     out: Vec<u8>,
     keys: Vec<u8>,
     members: Vec<Member>,
@@ -81,20 +111,6 @@ pub struct Reader<'a> {
     pool: PoolInfo,
     /// The last quantity text seen and its value key.
     last_quantity: (String, String),
-}
-
-enum Raw<'a> {
-    Plain(&'a str),
-    Escaped(String),
-}
-
-impl Raw<'_> {
-    fn as_str(&self) -> &str {
-        match self {
-            Raw::Plain(s) => s,
-            Raw::Escaped(s) => s,
-        }
-    }
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {
@@ -118,11 +134,8 @@ fn write_str(out: &mut Vec<u8>, s: &str) {
 
 impl<'a> Reader<'a> {
     pub fn new(b: &'a [u8]) -> Result<Self> {
-        let text = std::str::from_utf8(b).map_err(|e| format!("invalid UTF-8: {e}"))?;
         Ok(Reader {
-            b,
-            text,
-            pos: 0,
+            sc: Scanner::new(b)?,
             out: Vec::with_capacity(b.len()),
             keys: Vec::new(),
             members: Vec::new(),
@@ -130,176 +143,9 @@ impl<'a> Reader<'a> {
             depth: 0,
             times: Vec::new(),
             device_names: Vec::new(),
-            pool: PoolInfo {
-                name: Some(String::new()),
-                generation: Some(0),
-                count: Some(0),
-            },
+            pool: PoolInfo::unset(),
             last_quantity: (String::new(), String::new()),
         })
-    }
-
-    fn err<T>(&self, what: &str) -> Result<T> {
-        Err(format!("invalid JSON at byte {}: {what}", self.pos))
-    }
-
-    fn ws(&mut self) {
-        while let Some(&c) = self.b.get(self.pos) {
-            if matches!(c, b' ' | b'\n' | b'\r' | b'\t') {
-                self.pos += 1;
-            } else {
-                break;
-            }
-        }
-    }
-
-    fn peek(&mut self) -> Option<u8> {
-        self.ws();
-        self.b.get(self.pos).copied()
-    }
-
-    fn eat(&mut self, c: u8) -> bool {
-        if self.peek() == Some(c) {
-            self.pos += 1;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn expect(&mut self, c: u8) -> Result<()> {
-        if self.eat(c) {
-            Ok(())
-        } else {
-            self.err(&format!("expected '{}'", c as char))
-        }
-    }
-
-    fn end(&mut self) -> Result<()> {
-        if self.peek().is_some() {
-            return self.err("trailing data");
-        }
-        Ok(())
-    }
-
-    fn string(&mut self) -> Result<Raw<'a>> {
-        self.expect(b'"')?;
-        let start = self.pos;
-        let b = self.b;
-        let Some(n) = memchr::memchr2(b'"', b'\\', &b[start..]) else {
-            return self.err("unterminated string");
-        };
-        let mut i = start + n;
-        if let Some(c) = b[start..i].iter().position(|&c| c < 0x20) {
-            self.pos = start + c;
-            return self.err("control character in string");
-        }
-        if b[i] == b'"' {
-            self.pos = i + 1;
-            return Ok(Raw::Plain(&self.text[start..i]));
-        }
-        let mut units: Vec<u16> = Vec::new();
-        let text = self.text;
-        let mut s = String::from(&text[start..i]);
-        loop {
-            match b.get(i) {
-                None => {
-                    self.pos = i;
-                    return self.err("unterminated string");
-                }
-                Some(b'"') => break,
-                Some(b'\\') => {
-                    let e = b.get(i + 1).copied();
-                    i += 2;
-                    let c = match e {
-                        Some(b'"') => '"',
-                        Some(b'\\') => '\\',
-                        Some(b'/') => '/',
-                        Some(b'b') => '\u{8}',
-                        Some(b'f') => '\u{c}',
-                        Some(b'n') => '\n',
-                        Some(b'r') => '\r',
-                        Some(b't') => '\t',
-                        Some(b'u') => {
-                            let hex = b.get(i..i + 4).and_then(|h| std::str::from_utf8(h).ok());
-                            let Some(u) = hex.and_then(|h| u16::from_str_radix(h, 16).ok()) else {
-                                self.pos = i;
-                                return self.err("bad \\u escape");
-                            };
-                            i += 4;
-                            units.push(u);
-                            if (0xd800..0xdc00).contains(&u) {
-                                continue; // a high surrogate; its pair follows
-                            }
-                            let Ok(decoded) = String::from_utf16(&units) else {
-                                self.pos = i;
-                                return self.err("bad surrogate pair");
-                            };
-                            units.clear();
-                            s.push_str(&decoded);
-                            continue;
-                        }
-                        _ => {
-                            self.pos = i;
-                            return self.err("bad escape");
-                        }
-                    };
-                    if !units.is_empty() {
-                        self.pos = i;
-                        return self.err("bad surrogate pair");
-                    }
-                    s.push(c);
-                }
-                Some(0..=0x1f) => {
-                    self.pos = i;
-                    return self.err("control character in string");
-                }
-                Some(_) => {
-                    let run = i;
-                    while b
-                        .get(i)
-                        .is_some_and(|&c| c != b'"' && c != b'\\' && c >= 0x20)
-                    {
-                        i += 1;
-                    }
-                    if !units.is_empty() {
-                        self.pos = i;
-                        return self.err("bad surrogate pair");
-                    }
-                    s.push_str(&text[run..i]);
-                }
-            }
-        }
-        if !units.is_empty() {
-            self.pos = i;
-            return self.err("bad surrogate pair");
-        }
-        self.pos = i + 1;
-        Ok(Raw::Escaped(s))
-    }
-
-    /// A number's text, validated.
-    fn number(&mut self) -> Result<&'a str> {
-        let start = self.pos;
-        match number_end(self.b, start) {
-            Ok(end) => {
-                self.pos = end;
-                Ok(&self.text[start..end])
-            }
-            Err((at, what)) => {
-                self.pos = at;
-                self.err(what)
-            }
-        }
-    }
-
-    fn literal(&mut self, word: &[u8]) -> Result<()> {
-        if self.b[self.pos..].starts_with(word) {
-            self.pos += word.len();
-            Ok(())
-        } else {
-            self.err("bad literal")
-        }
     }
 
     /// Integers keep their digits (`-0` is 0); other numbers are spelled by their f64 value.
@@ -321,7 +167,7 @@ impl<'a> Reader<'a> {
     fn enter(&mut self) -> Result<()> {
         self.depth += 1;
         if self.depth > MAX_DEPTH {
-            return self.err("nested too deeply");
+            return self.sc.err("nested too deeply");
         }
         Ok(())
     }
@@ -329,119 +175,110 @@ impl<'a> Reader<'a> {
     /// Writes the canonical form of the next value; returns whether the value was null or an
     /// empty container (which a parent object drops).
     fn value(&mut self, ctx: Ctx) -> Result<bool> {
-        match self.peek() {
+        match self.sc.peek() {
             Some(b'{') => self.object(if ctx.is_object() { ctx } else { Ctx::Generic }),
             Some(b'[') => self.array(if ctx.is_array() { ctx } else { Ctx::Generic }),
             Some(b'"') => {
-                match self.string()? {
+                match self.sc.string()? {
                     // Without escapes the text needs none either: copy it with its quotes.
-                    Raw::Plain(s) => {
+                    Cow::Borrowed(s) => {
                         self.out.push(b'"');
                         self.out.extend_from_slice(s.as_bytes());
                         self.out.push(b'"');
                     }
-                    Raw::Escaped(s) => write_str(&mut self.out, &s),
+                    Cow::Owned(s) => write_str(&mut self.out, &s),
                 }
                 Ok(false)
             }
             Some(b'n') => {
-                self.literal(b"null")?;
+                self.sc.literal(b"null")?;
                 self.out.extend_from_slice(b"null");
                 Ok(true)
             }
             Some(b't') => {
-                self.literal(b"true")?;
+                self.sc.literal(b"true")?;
                 self.out.extend_from_slice(b"true");
                 Ok(false)
             }
             Some(b'f') => {
-                self.literal(b"false")?;
+                self.sc.literal(b"false")?;
                 self.out.extend_from_slice(b"false");
                 Ok(false)
             }
             Some(_) => {
-                let n = self.number()?;
+                let n = self.sc.number()?;
                 self.write_number(n);
                 Ok(false)
             }
-            None => self.err("unexpected end"),
+            None => self.sc.err("unexpected end"),
         }
     }
 
-    /// Skips a value, writing nothing; returns it as (string, integer) when it is one.
-    fn scalar(&mut self) -> Result<(Option<Raw<'a>>, Option<Option<i64>>, bool)> {
-        match self.peek() {
-            Some(b'"') => Ok((Some(self.string()?), None, false)),
+    /// Skips a value, writing nothing; returns it when it is a string, a number or null.
+    fn scalar(&mut self) -> Result<Scalar<'a>> {
+        match self.sc.peek() {
+            Some(b'"') => Ok(Scalar::Str(self.sc.string()?)),
             Some(b'n') => {
-                self.literal(b"null")?;
-                Ok((None, None, true))
+                self.sc.literal(b"null")?;
+                Ok(Scalar::Null)
             }
-            Some(b'-' | b'0'..=b'9') => {
-                let n = self.number()?;
-                Ok((None, Some(n.parse().ok()), false))
-            }
+            Some(b'-' | b'0'..=b'9') => Ok(Scalar::Num(self.sc.number()?.parse().ok())),
             _ => {
                 let mark = self.out.len();
                 self.value(Ctx::Generic)?;
                 self.out.truncate(mark);
-                Ok((None, None, false))
+                Ok(Scalar::Other)
             }
         }
     }
 
-    fn pool(&mut self) -> Result<()> {
-        let mut info = PoolInfo {
-            name: Some(String::new()),
-            generation: Some(0),
-            count: Some(0),
-        };
-        if self.peek() != Some(b'{') {
-            let (_, _, _) = self.scalar()?;
-            self.pool = info;
-            return Ok(());
-        }
-        self.expect(b'{')?;
+    /// Walks an object; `f` is called with each decoded key and must consume exactly its value.
+    fn members(&mut self, mut f: impl FnMut(&mut Self, Cow<'a, str>) -> Result<()>) -> Result<()> {
+        self.sc.expect(b'{')?;
         self.enter()?;
-        if !self.eat(b'}') {
+        if !self.sc.eat(b'}') {
             loop {
-                let key = self.string()?;
-                self.expect(b':')?;
-                let (s, n, null) = self.scalar()?;
-                match key.as_str() {
-                    "name" => {
-                        info.name = match (s, null) {
-                            (_, true) => Some(String::new()),
-                            (Some(s), _) => Some(s.as_str().to_owned()),
-                            _ => None,
-                        }
-                    }
-                    "generation" => info.generation = if null { Some(0) } else { n.flatten() },
-                    "resourceSliceCount" => info.count = if null { Some(0) } else { n.flatten() },
-                    _ => {}
+                let key = self.sc.string()?;
+                self.sc.expect(b':')?;
+                f(self, key)?;
+                if !self.sc.comma_or(b'}')? {
+                    break;
                 }
-                if self.eat(b',') {
-                    continue;
-                }
-                self.expect(b'}')?;
-                break;
             }
         }
         self.depth -= 1;
+        Ok(())
+    }
+
+    fn pool(&mut self) -> Result<()> {
+        let mut info = PoolInfo::unset();
+        if self.sc.peek() == Some(b'{') {
+            self.members(|r, key| {
+                match (&*key, r.scalar()?) {
+                    ("name", Scalar::Null) => info.name = Some(String::new()),
+                    ("name", Scalar::Str(s)) => info.name = Some(s.into_owned()),
+                    ("name", _) => info.name = None,
+                    ("generation", v) => info.generation = v.integer(),
+                    ("resourceSliceCount", v) => info.count = v.integer(),
+                    _ => {}
+                }
+                Ok(())
+            })?;
+        } else {
+            self.scalar()?;
+        }
         self.pool = info;
         Ok(())
     }
 
     fn quantity(&mut self) -> Result<()> {
-        let text = match self.peek() {
-            Some(b'"') => match self.string()? {
-                Raw::Plain(s) => std::borrow::Cow::Borrowed(s),
-                Raw::Escaped(s) => std::borrow::Cow::Owned(s),
-            },
+        let text = match self.sc.peek() {
+            Some(b'"') => self.sc.string()?,
             Some(b'n') => {
-                self.literal(b"null")?;
-                std::borrow::Cow::Borrowed("0")
+                self.sc.literal(b"null")?;
+                Cow::Borrowed("0")
             }
-            Some(b'-' | b'0'..=b'9') => std::borrow::Cow::Borrowed(self.number()?),
+            Some(b'-' | b'0'..=b'9') => Cow::Borrowed(self.sc.number()?),
             _ => {
                 self.value(Ctx::Generic)?;
                 return Ok(());
@@ -462,10 +299,10 @@ impl<'a> Reader<'a> {
     }
 
     fn time(&mut self) -> Result<Option<String>> {
-        let t = match self.peek() {
-            Some(b'"') => Some(self.string()?.as_str().to_owned()),
+        let t = match self.sc.peek() {
+            Some(b'"') => Some(self.sc.string()?.into_owned()),
             Some(b'n') => {
-                self.literal(b"null")?;
+                self.sc.literal(b"null")?;
                 None
             }
             _ => {
@@ -480,7 +317,7 @@ impl<'a> Reader<'a> {
     }
 
     fn array(&mut self, ctx: Ctx) -> Result<bool> {
-        self.expect(b'[')?;
+        self.sc.expect(b'[')?;
         self.enter()?;
         self.out.push(b'[');
         let elem = match ctx {
@@ -490,21 +327,19 @@ impl<'a> Reader<'a> {
             _ => Ctx::Generic,
         };
         let mut n = 0;
-        if !self.eat(b']') {
+        if !self.sc.eat(b']') {
             loop {
                 if n > 0 {
                     self.out.push(b',');
                 }
-                if elem == Ctx::Device && self.peek() != Some(b'{') {
+                if elem == Ctx::Device && self.sc.peek() != Some(b'{') {
                     self.device_names.push(String::new());
                 }
                 self.value(elem)?;
                 n += 1;
-                if self.eat(b',') {
-                    continue;
+                if !self.sc.comma_or(b']')? {
+                    break;
                 }
-                self.expect(b']')?;
-                break;
             }
         }
         self.out.push(b']');
@@ -530,9 +365,9 @@ impl<'a> Reader<'a> {
                 self.pool()?;
                 return Ok(false);
             }
-            (Ctx::Spec, "allNodes") if self.peek() == Some(b'f') => {
+            (Ctx::Spec, "allNodes") if self.sc.peek() == Some(b'f') => {
                 // Upstream compares allNodes as a plain bool: false is the same as unset.
-                self.literal(b"false")?;
+                self.sc.literal(b"false")?;
                 return Ok(false);
             }
             (Ctx::Taint, "timeAdded") => {
@@ -540,10 +375,10 @@ impl<'a> Reader<'a> {
                 return Ok(false);
             }
             (Ctx::Device, "name") => {
-                let name = if self.peek() == Some(b'"') {
-                    let save = self.pos;
-                    let name = self.string()?.as_str().to_owned();
-                    self.pos = save;
+                let name = if self.sc.peek() == Some(b'"') {
+                    let save = self.sc.pos;
+                    let name = self.sc.string()?.into_owned();
+                    self.sc.pos = save;
                     name
                 } else {
                     String::new()
@@ -566,9 +401,9 @@ impl<'a> Reader<'a> {
             self.quantity()?;
             return Ok(true);
         }
-        if ctx == Ctx::QuantityMap && self.peek() == Some(b'n') {
+        if ctx == Ctx::QuantityMap && self.sc.peek() == Some(b'n') {
             // A null entry is a zero DeviceCapacity / Counter: present, with a zero value.
-            self.literal(b"null")?;
+            self.sc.literal(b"null")?;
             self.out.extend_from_slice(b"{\"value\":\"0\"}");
             return Ok(true);
         }
@@ -577,8 +412,6 @@ impl<'a> Reader<'a> {
     }
 
     fn object(&mut self, ctx: Ctx) -> Result<bool> {
-        self.expect(b'{')?;
-        self.enter()?;
         let base = self.members.len();
         let keys_base = self.keys.len();
         let obj_start = self.out.len();
@@ -591,54 +424,43 @@ impl<'a> Reader<'a> {
             _ => {}
         }
         let time_slot = self.times.len().wrapping_sub(1);
-        if !self.eat(b'}') {
-            loop {
-                let key = self.string()?;
-                self.expect(b':')?;
-                n += 1;
-                let k = key.as_str();
-                has_value |= ctx == Ctx::QuantityEntry && k == "value";
-                let before = self.out.len();
-                if self.members.len() > base {
-                    self.out.push(b',');
-                }
-                let start = self.out.len();
-                let plain = matches!(key, Raw::Plain(_));
-                if self.member(ctx, k, plain, time_slot)? {
-                    let ks = self.keys.len();
-                    self.keys.extend_from_slice(k.as_bytes());
-                    self.members.push(Member {
-                        key: (ks, self.keys.len()),
-                        start,
-                        end: self.out.len(),
-                    });
-                } else {
-                    self.out.truncate(before);
-                }
-                if self.eat(b',') {
-                    continue;
-                }
-                self.expect(b'}')?;
-                break;
+        self.members(|r, key| {
+            n += 1;
+            has_value |= ctx == Ctx::QuantityEntry && key == "value";
+            let before = r.out.len();
+            if r.members.len() > base {
+                r.out.push(b',');
             }
-        }
+            let start = r.out.len();
+            let plain = matches!(key, Cow::Borrowed(_));
+            if r.member(ctx, &key, plain, time_slot)? {
+                r.keep_member(key.as_bytes(), start);
+            } else {
+                r.out.truncate(before);
+            }
+            Ok(())
+        })?;
         if ctx == Ctx::QuantityEntry && !has_value {
             if self.members.len() > base {
                 self.out.push(b',');
             }
             let start = self.out.len();
             self.out.extend_from_slice(b"\"value\":\"0\"");
-            let ks = self.keys.len();
-            self.keys.extend_from_slice(b"value");
-            self.members.push(Member {
-                key: (ks, self.keys.len()),
-                start,
-                end: self.out.len(),
-            });
+            self.keep_member(b"value", start);
         }
         self.finish_object(base, keys_base, obj_start);
-        self.depth -= 1;
         Ok(n == 0)
+    }
+
+    /// Records the member written at `out[start..]` so `finish_object` can sort it by key.
+    fn keep_member(&mut self, key: &[u8], start: usize) {
+        let ks = self.keys.len();
+        self.keys.extend_from_slice(key);
+        self.members.push(Member {
+            key: (ks, self.keys.len()),
+            start,
+            end: self.out.len(),
+        });
     }
 
     /// Rewrites the members written since `obj_start` in key order, the last of equal keys
@@ -688,85 +510,60 @@ impl<'a> Reader<'a> {
 /// A desired spec: must be a JSON object.
 pub fn spec(bytes: &[u8]) -> Result<Parsed> {
     let mut r = Reader::new(bytes)?;
-    if r.peek() != Some(b'{') {
+    if r.sc.peek() != Some(b'{') {
         return Err("spec is not a JSON object".to_owned());
     }
     r.value(Ctx::Spec)?;
-    r.end()?;
+    r.sc.end()?;
     Ok(r.into_parsed())
 }
 
 /// An observed ResourceSlice object: metadata name, uid, resourceVersion and the spec.
 pub fn observed(bytes: &[u8]) -> Result<Parsed> {
     let mut r = Reader::new(bytes)?;
-    r.expect(b'{')?;
-    r.enter()?;
     let (mut name, mut uid, mut rv) = (String::new(), String::new(), String::new());
     let mut spec_seen = false;
-    if !r.eat(b'}') {
-        loop {
-            let key = r.string()?;
-            r.expect(b':')?;
-            match key.as_str() {
-                "metadata" if r.peek() == Some(b'{') => {
-                    r.expect(b'{')?;
-                    r.enter()?;
-                    if !r.eat(b'}') {
-                        loop {
-                            let k = r.string()?;
-                            r.expect(b':')?;
-                            let (s, _, _) = r.scalar()?;
-                            let v = s.map(|s| s.as_str().to_owned()).unwrap_or_default();
-                            match k.as_str() {
-                                "name" => name = v,
-                                "uid" => uid = v,
-                                "resourceVersion" => rv = v,
-                                _ => {}
-                            }
-                            if r.eat(b',') {
-                                continue;
-                            }
-                            r.expect(b'}')?;
-                            break;
-                        }
-                    }
-                    r.depth -= 1;
+    r.members(|r, key| {
+        match &*key {
+            "metadata" if r.sc.peek() == Some(b'{') => r.members(|r, k| {
+                let v = match r.scalar()? {
+                    Scalar::Str(s) => s.into_owned(),
+                    _ => String::new(),
+                };
+                match &*k {
+                    "name" => name = v,
+                    "uid" => uid = v,
+                    "resourceVersion" => rv = v,
+                    _ => {}
                 }
-                "spec" => {
-                    // The last spec wins, as with duplicate keys elsewhere.
-                    r.out.clear();
-                    r.times.clear();
-                    r.device_names.clear();
-                    r.pool = PoolInfo {
-                        name: Some(String::new()),
-                        generation: Some(0),
-                        count: Some(0),
-                    };
-                    let ctx = if r.peek() == Some(b'{') {
-                        Ctx::Spec
-                    } else {
-                        Ctx::Generic
-                    };
-                    r.value(ctx)?;
-                    spec_seen = true;
-                }
-                _ => {
-                    let mark = r.out.len();
-                    let saved = (r.times.len(), r.device_names.len());
-                    r.value(Ctx::Generic)?;
-                    r.out.truncate(mark);
-                    r.times.truncate(saved.0);
-                    r.device_names.truncate(saved.1);
-                }
+                Ok(())
+            })?,
+            "spec" => {
+                // The last spec wins, as with duplicate keys elsewhere.
+                r.out.clear();
+                r.times.clear();
+                r.device_names.clear();
+                r.pool = PoolInfo::unset();
+                let ctx = if r.sc.peek() == Some(b'{') {
+                    Ctx::Spec
+                } else {
+                    Ctx::Generic
+                };
+                r.value(ctx)?;
+                spec_seen = true;
             }
-            if r.eat(b',') {
-                continue;
+            _ => {
+                let mark = r.out.len();
+                let saved = (r.times.len(), r.device_names.len());
+                r.value(Ctx::Generic)?;
+                r.out.truncate(mark);
+                r.times.truncate(saved.0);
+                r.device_names.truncate(saved.1);
             }
-            r.expect(b'}')?;
-            break;
         }
-    }
-    r.end()?;
+        Ok(())
+    })?;
+    r.sc.end()?;
     if !spec_seen {
         r.out.clear();
         r.out.extend_from_slice(b"null");
@@ -794,6 +591,7 @@ mod tests {
         );
         assert_eq!(key(r#"{"a": "\u0041\n"}"#), r#"{"a":"A\u000a"}"#);
         assert_eq!(key(r#"{"a": 1, "a": 2}"#), r#"{"a":2}"#);
+        assert_eq!(key(r#"{"a": "x\u0041"}"#), r#"{"a":"xA"}"#);
         assert_eq!(
             key(
                 r#"{"devices": [{"name": "d", "capacity": {"m": {}, "n": null, "o": {"value": "1Ki"}}}]}"#
@@ -833,6 +631,8 @@ mod tests {
             b"{\"a\":}",
             b"{\"a\":1}x",
             b"{\"a\":\"\\ud800\"}",
+            // RFC 8259 wants four hex digits; the planner's old reader took a sign.
+            b"{\"a\":\"\\u+041\"}",
             b"{\"a\":\xff}",
         ] {
             assert!(spec(bad).is_err());

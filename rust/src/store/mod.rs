@@ -1,6 +1,5 @@
 //! `nodeagent._native.Store`: one query's objects, fed raw watch bytes and List pages.
 
-pub(crate) mod json;
 mod keymap;
 mod parse;
 pub mod pmap;

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 
-use super::json::{Result, Scanner};
+use crate::json::{Result, Scanner};
 
 #[derive(Default)]
 pub struct Meta<'a> {

@@ -713,7 +713,7 @@ fn make_obj(k: &Keyed<'_>, raw: Vec<u8>) -> Obj {
 
 /// Parses a standalone object (a write's result) for a local override.
 pub fn local_obj(raw: &[u8]) -> Result<(String, Obj), String> {
-    let mut sc = super::json::Scanner::new(raw)?;
+    let mut sc = crate::json::Scanner::new(raw)?;
     let h = parse::head(&mut sc, false)?;
     sc.end()?;
     let k = h.keyed()?;
