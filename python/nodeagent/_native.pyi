@@ -1,20 +1,41 @@
 """Type stubs for the Rust extension `nodeagent._native`."""
 
 from collections.abc import Callable
+from typing import final
+
+# The extension's exports (PyO3 lists them in its `__all__`); stubtest checks both agree.
+__all__ = [
+    "PMap",
+    "PreparedDesired",
+    "PreparedObserved",
+    "Store",
+    "__version__",
+    "plan_pool",
+    "plan_prepared",
+    "prepare_desired",
+    "prepare_observed",
+    "quantity_canonical",
+    "quantity_cmp",
+    "quantity_parse",
+    "slice_spec_equal",
+]
 
 __version__: str
 
-WatchErrorTuple = tuple[int, str, str]
+# Type aliases exist only for type checkers (the extension has no such names), so they are
+# private: stubtest does not look for private names at runtime.
+_WatchErrorTuple = tuple[int, str, str]
 # (kind 0=add 1=update 2=delete, namespace, name, resourceVersion, raw object or None)
-RawDelta = tuple[int, str, str, str, bytes | None]
+_RawDelta = tuple[int, str, str, str, bytes | None]
 
+@final
 class Store:
     """The watch store of one query: objects keyed by namespace/name, their raw JSON bytes,
     local-write overrides and the coalesced changes since the last drain. Thread-safe; feed,
     list_page and end_list release the GIL."""
 
     def __init__(self) -> None: ...
-    def feed(self, chunk: bytes) -> tuple[str | None, WatchErrorTuple | None, int, list[str]]:
+    def feed(self, chunk: bytes) -> tuple[str | None, _WatchErrorTuple | None, int, list[str]]:
         """Newline-delimited watch events, split anywhere. Returns (newest resourceVersion,
         first ERROR event's (code, reason, message), events applied, malformed-event messages).
         """
@@ -30,7 +51,7 @@ class Store:
     def pending(self) -> int: ...
     def drain(
         self, accept: Callable[[str, str, bytes], bool | None] | None = None
-    ) -> list[RawDelta]:
+    ) -> list[_RawDelta]:
         """Coalesced changes since the last drain. An object re-created under the same name
         (another uid) gives a delete of the one shown immediately followed by an add."""
     def get(self, namespace: str, name: str) -> bytes | None: ...
@@ -38,6 +59,7 @@ class Store:
     def memory_usage(self) -> int: ...
     def __len__(self) -> int: ...
 
+@final
 class PMap:
     """A persistent map ordered by (namespace, name): `updated` returns a new map sharing every
     untouched node with this one. Backs `nodeagent.accumulator.ObjectMap`."""
@@ -54,11 +76,11 @@ class PMap:
 # --- ResourceSlice planner (rust/src/planner; owned by the resources/ publisher) -------------
 
 # (observed index, desired index, observed name, observed resourceVersion)
-PlanUpdate = tuple[int, int, str, str]
+_PlanUpdate = tuple[int, int, str, str]
 # (observed index, name, uid, resourceVersion): delete with UID + resourceVersion preconditions
-PlanDelete = tuple[int, str, str, str]
+_PlanDelete = tuple[int, str, str, str]
 # (pool generation, unchanged observed indices, updates, desired indices to create, deletes)
-PoolPlan = tuple[int, list[int], list[PlanUpdate], list[int], list[PlanDelete]]
+_PoolPlan = tuple[int, list[int], list[_PlanUpdate], list[int], list[_PlanDelete]]
 
 def quantity_parse(s: str) -> tuple[int, str]:
     """(value in nanos, "BinarySI" | "DecimalSI" | "DecimalExponent"); ValueError if invalid."""
@@ -73,19 +95,21 @@ def slice_spec_equal(a: bytes, b: bytes) -> bool:
     """Semantic equality of two ResourceSlice spec JSON objects, ignoring `pool`. Releases the
     GIL; ValueError for invalid JSON."""
 
-def plan_pool(desired: list[bytes], observed: list[bytes]) -> PoolPlan:
+def plan_pool(desired: list[bytes], observed: list[bytes]) -> _PoolPlan:
     """Plans one pool. `desired`: spec JSON objects of one pool in slice order (their
     pool.generation and resourceSliceCount are ignored); `observed`: the pool's ResourceSlice
     objects as the store holds them. Updated and created slices get
     pool {name, generation, resourceSliceCount=len(desired)}. Releases the GIL; ValueError for
     invalid JSON or desired slices of different pools."""
 
+@final
 class PreparedDesired:
     """A desired slice spec decoded and canonicalized once; reuse it while the spec is unchanged."""
 
     @property
     def pool_name(self) -> str: ...
 
+@final
 class PreparedObserved:
     """An observed ResourceSlice decoded and canonicalized once; cache it by (uid,
     resourceVersion)."""
@@ -103,7 +127,7 @@ def prepare_desired(specs: list[bytes]) -> list[PreparedDesired]:
 def prepare_observed(objects: list[bytes]) -> list[PreparedObserved]:
     """Releases the GIL; ValueError naming the first invalid object."""
 
-def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserved]) -> PoolPlan:
+def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserved]) -> _PoolPlan:
     """`plan_pool` on prepared slices: only matching and the plan, O(n), GIL released."""
 
 # --- end of ResourceSlice planner ---------------------------------------------------------------
