@@ -259,6 +259,9 @@ class Publisher:
         self._server_form: dict[bytes, bytes] = {}
         # Per driver: the desired pools its view was built from, and that view.
         self._views: dict[str, tuple[tuple[_Desired | None, ...], dict[str, Any]]] = {}
+        # Drivers whose desired slices are being rebuilt in a worker thread: their inventory
+        # state is already new, their desired slices not yet.
+        self._building: set[str] = set()
         self._taken_version = -1  # the newest plugins snapshot taken in
         self._taken = trio.Event()
         self.writes = 0
@@ -384,7 +387,11 @@ class Publisher:
             changed = self._tracker.update(plugins, trio.current_time(), converted)
             if changed:
                 if threaded:
-                    built = await trio.to_thread.run_sync(self._build_desired, changed, True)
+                    self._building = changed
+                    try:
+                        built = await trio.to_thread.run_sync(self._build_desired, changed, True)
+                    finally:
+                        self._building = set()
                 else:
                     built = self._build_desired(changed)
                 for driver, pools in built.items():
@@ -689,6 +696,11 @@ class Publisher:
         if self._slices is None or not self._synced_once:
             metrics.SYNCS.labels("deferred").inc()
             return None  # the first snapshot queues every pool
+        if key[0] in self._building:
+            # Its new inventory without its new slices would look like pools to delete; the
+            # rebuilt slices queue the pool again.
+            metrics.SYNCS.labels("deferred").inc()
+            return None
         held, again = self._hold(key)
         if held:
             metrics.SYNCS.labels("deferred").inc()

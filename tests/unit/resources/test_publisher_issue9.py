@@ -7,6 +7,7 @@ per inventory (15), server-stripped forms pruned and forgotten (16)."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import pytest
@@ -376,3 +377,33 @@ async def test_large_inventories_are_converted_in_a_worker_thread(autojump_clock
         await settle()
         assert pub.rejected() == [DRIVER]
         assert len(cluster.writes()) == 2
+
+
+async def test_a_sync_during_a_threaded_rebuild_deletes_nothing() -> None:
+    """After a restart, the plugin's (large) inventory is taken in while its slices are still
+    being built in the worker thread: a sync of its pool in that window must not take the
+    missing desired slices for a pool to delete. (Real clock: a virtual one would jump past the
+    start-up grace while the test waits on the thread.)"""
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins):
+        plugins.send(inventory(3))
+        await settle()
+    plugins2 = Plugins()
+    async with running(cluster, plugins2, thread_threshold=1) as pub:
+        building, release = trio.Event(), threading.Event()
+        build = pub._build_desired
+
+        def held_build(drivers: Any, views: bool = False) -> Any:
+            trio.from_thread.run_sync(building.set)
+            release.wait()
+            return build(drivers, views)
+
+        pub._build_desired = held_build  # type: ignore[method-assign]
+        plugins2.send(inventory(3))
+        await building.wait()
+        pub._queue.add(POOL)
+        await settle()
+        release.set()
+        await pub.wait_inventories()
+        await settle()
+        assert [c[0] for c in cluster.writes()] == ["create"]
