@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import trio
 
-from nodeagent.accumulator import Accumulator, AccumulatorSettings
+from nodeagent.accumulator import AccumulatorSettings
 from nodeagent.kube import (
     CORE_EVENTS,
     NODES,
@@ -27,8 +27,8 @@ from nodeagent.kube import (
 from nodeagent.kube.models import Node
 from nodeagent.kube.resource import Resource
 from nodeagent.resources import metrics
-from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.service.resources import ResourcesComponent
 from tests.integration.test_resourceslices import (
     DRIVER,
     NODE,
@@ -325,21 +325,18 @@ async def test_nothing_is_written_while_the_slice_list_is_forbidden(
         blind_client(apiserver, admin) as client,
         trio.open_nursery() as nursery,
     ):
-        acc = Accumulator(
-            client,
-            publisher_queries(NODE),
-            # Short local-write TTL and list retries: what used to multiply the pool.
-            AccumulatorSettings(local_write_ttl=0.5, forbidden_retry=0.2),
-        )
-        pub = Publisher(
+        # The agent's own wiring: the component builds the accumulator and the publisher.
+        comp = ResourcesComponent(
             node_name=NODE,
             inventories=plugins.latest,
             settings=ResourcesSettings(startup_grace=0.0),
+            # Short local-write TTL and list retries: what used to multiply the pool.
+            accumulator_settings=AccumulatorSettings(local_write_ttl=0.5, forbidden_retry=0.2),
             client=client,
-            slices=acc,
         )
-        await nursery.start(acc.run)
-        await nursery.start(pub.run)
+        await nursery.start(comp.run)
+        acc, pub = comp.accumulator, comp.publisher
+        assert acc is not None and pub is not None
 
         async def forbidden() -> bool:
             return "forbidden" in (acc.not_ready_reason() or "")
@@ -348,6 +345,9 @@ async def test_nothing_is_written_while_the_slice_list_is_forbidden(
         await trio.sleep(3.0)  # several list retries and write TTLs: nothing may be written
         assert api_writes() == written
         assert await node_slices(admin) == []
-        reason = pub.blocked() or ""
-        assert "the observed state is not known" in reason and "forbidden" in reason
+        ready, reason = comp.readiness()
+        assert not ready
+        assert reason.startswith(
+            "nothing is written: the observed state is not known (resourceslices: list forbidden"
+        )
         nursery.cancel_scope.cancel()
