@@ -1,11 +1,14 @@
 """Type stubs for the Rust extension `nodeagent._native`."""
 
 from collections.abc import Callable
-from typing import final
+from typing import NamedTuple, final
 
 # The extension's exports (PyO3 lists them in its `__all__`); stubtest checks both agree.
 __all__ = [
     "PMap",
+    "PlanDelete",
+    "PlanUpdate",
+    "PoolPlan",
     "PreparedDesired",
     "PreparedObserved",
     "Store",
@@ -75,12 +78,37 @@ class PMap:
 
 # --- ResourceSlice planner (rust/src/planner; owned by the resources/ publisher) -------------
 
-# (observed index, desired index, observed name, observed resourceVersion)
-_PlanUpdate = tuple[int, int, str, str]
-# (observed index, name, uid, resourceVersion): delete with UID + resourceVersion preconditions
-_PlanDelete = tuple[int, str, str, str]
-# (pool generation, unchanged observed indices, updates, desired indices to create, deletes)
-_PoolPlan = tuple[int, list[int], list[_PlanUpdate], list[int], list[_PlanDelete]]
+class PlanUpdate(NamedTuple):
+    """An observed slice to rewrite with a desired spec; the update carries the observed name and
+    resourceVersion."""
+
+    observed: int
+    """Index into the observed slices."""
+    desired: int
+    """Index into the desired specs."""
+    name: str
+    resource_version: str
+
+class PlanDelete(NamedTuple):
+    """An observed slice to delete, with UID and resourceVersion preconditions."""
+
+    observed: int
+    """Index into the observed slices."""
+    name: str
+    uid: str
+    resource_version: str
+
+class PoolPlan(NamedTuple):
+    """The plan for one pool. A tuple, so it can also be unpacked in field order."""
+
+    generation: int
+    """The pool generation the written slices carry."""
+    unchanged: list[int]
+    """Indices of observed slices left as they are."""
+    updates: list[PlanUpdate]
+    creates: list[int]
+    """Indices of desired specs to create."""
+    deletes: list[PlanDelete]
 
 def quantity_parse(s: str) -> tuple[int, str]:
     """(value in nanos, "BinarySI" | "DecimalSI" | "DecimalExponent"); ValueError if invalid."""
@@ -95,7 +123,7 @@ def slice_spec_equal(a: bytes, b: bytes) -> bool:
     """Semantic equality of two ResourceSlice spec JSON objects, ignoring `pool`. Releases the
     GIL; ValueError for invalid JSON."""
 
-def plan_pool(desired: list[bytes], observed: list[bytes]) -> _PoolPlan:
+def plan_pool(desired: list[bytes], observed: list[bytes]) -> PoolPlan:
     """Plans one pool. `desired`: spec JSON objects of one pool in slice order (their
     pool.generation and resourceSliceCount are ignored); `observed`: the pool's ResourceSlice
     objects as the store holds them. Updated and created slices get
@@ -127,7 +155,7 @@ def prepare_desired(specs: list[bytes]) -> list[PreparedDesired]:
 def prepare_observed(objects: list[bytes]) -> list[PreparedObserved]:
     """Releases the GIL; ValueError naming the first invalid object."""
 
-def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserved]) -> _PoolPlan:
+def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserved]) -> PoolPlan:
     """`plan_pool` on prepared slices: only matching and the plan, O(n), GIL released."""
 
 # --- end of ResourceSlice planner ---------------------------------------------------------------

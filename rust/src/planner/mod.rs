@@ -8,9 +8,12 @@ pub mod semantic;
 
 use std::sync::Arc;
 
+use pyo3::call::PyCallArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyDict, PyType};
 
 type UpdateTuple = (usize, usize, String, String);
 type DeleteTuple = (usize, String, String, String);
@@ -21,6 +24,83 @@ type PlanTuple = (
     Vec<usize>,
     Vec<DeleteTuple>,
 );
+
+/// A `collections.namedtuple` class of this module: plan results are tuples (callers may unpack
+/// or compare them as such) whose fields also have names.
+struct NamedTuple {
+    name: &'static str,
+    fields: &'static [&'static str],
+    doc: &'static str,
+    class: PyOnceLock<Py<PyType>>,
+}
+
+impl NamedTuple {
+    const fn new(name: &'static str, fields: &'static [&'static str], doc: &'static str) -> Self {
+        NamedTuple {
+            name,
+            fields,
+            doc,
+            class: PyOnceLock::new(),
+        }
+    }
+
+    fn class<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyType>> {
+        self.class
+            .get_or_try_init(py, || {
+                let kwargs = PyDict::new(py);
+                kwargs.set_item("module", "nodeagent._native")?;
+                let class = py
+                    .import("collections")?
+                    .getattr("namedtuple")?
+                    .call((self.name, self.fields.to_vec()), Some(&kwargs))?
+                    .cast_into::<PyType>()?;
+                class.setattr("__doc__", self.doc)?;
+                Ok(class.unbind())
+            })
+            .map(|c| c.bind(py))
+    }
+
+    /// An instance from the field values, in field order.
+    fn make<'py>(
+        &self,
+        py: Python<'py>,
+        values: impl PyCallArgs<'py>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        self.class(py)?.call1(values)
+    }
+}
+
+static PLAN_UPDATE: NamedTuple = NamedTuple::new(
+    "PlanUpdate",
+    &["observed", "desired", "name", "resource_version"],
+    "An observed slice (by index) to rewrite with a desired spec (by index); the update carries \
+     the observed name and resourceVersion.",
+);
+static PLAN_DELETE: NamedTuple = NamedTuple::new(
+    "PlanDelete",
+    &["observed", "name", "uid", "resource_version"],
+    "An observed slice (by index) to delete, with UID and resourceVersion preconditions.",
+);
+static POOL_PLAN: NamedTuple = NamedTuple::new(
+    "PoolPlan",
+    &["generation", "unchanged", "updates", "creates", "deletes"],
+    "The plan for one pool: its generation, the observed indices left as they are, the updates, \
+     the desired indices to create and the deletes.",
+);
+
+/// The plan as Python sees it: a `PoolPlan` of `PlanUpdate`s and `PlanDelete`s.
+fn plan_result(py: Python<'_>, plan: PlanTuple) -> PyResult<Bound<'_, PyAny>> {
+    let (generation, unchanged, updates, creates, deletes) = plan;
+    let updates = updates
+        .into_iter()
+        .map(|u| PLAN_UPDATE.make(py, u))
+        .collect::<PyResult<Vec<_>>>()?;
+    let deletes = deletes
+        .into_iter()
+        .map(|d| PLAN_DELETE.make(py, d))
+        .collect::<PyResult<Vec<_>>>()?;
+    POOL_PLAN.make(py, (generation, unchanged, updates, creates, deletes))
+}
 
 fn parse_quantity(s: &str) -> PyResult<quantity::Quantity> {
     quantity::parse(s).map_err(PyValueError::new_err)
@@ -163,18 +243,20 @@ fn plan_tuple(p: plan::Plan, o: &[impl std::borrow::Borrow<plan::Observed>]) -> 
 
 /// Plans one pool from prepared slices; see `_native.pyi`.
 #[pyfunction]
-fn plan_prepared(
-    py: Python<'_>,
-    desired: Vec<Bound<'_, PreparedDesired>>,
-    observed: Vec<Bound<'_, PreparedObserved>>,
-) -> PyResult<PlanTuple> {
+fn plan_prepared<'py>(
+    py: Python<'py>,
+    desired: Vec<Bound<'py, PreparedDesired>>,
+    observed: Vec<Bound<'py, PreparedObserved>>,
+) -> PyResult<Bound<'py, PyAny>> {
     let d: Vec<Arc<plan::Desired>> = desired.iter().map(|x| x.get().inner.clone()).collect();
     let o: Vec<Arc<plan::Observed>> = observed.iter().map(|x| x.get().inner.clone()).collect();
-    py.detach(|| {
-        check_pools(&d)?;
-        Ok(plan_tuple(plan::plan(&d, &o), &o))
-    })
-    .map_err(PyValueError::new_err::<String>)
+    let plan = py
+        .detach(|| {
+            check_pools(&d)?;
+            Ok(plan_tuple(plan::plan(&d, &o), &o))
+        })
+        .map_err(PyValueError::new_err::<String>)?;
+    plan_result(py, plan)
 }
 
 /// Plans one pool; see `_native.pyi`.
@@ -183,8 +265,8 @@ fn plan_pool(
     py: Python<'_>,
     desired: Vec<PyBackedBytes>,
     observed: Vec<PyBackedBytes>,
-) -> PyResult<PlanTuple> {
-    py.detach(|| -> Result<PlanTuple, String> {
+) -> PyResult<Bound<'_, PyAny>> {
+    let plan = py.detach(|| -> Result<PlanTuple, String> {
         let d = desired
             .iter()
             .enumerate()
@@ -197,8 +279,8 @@ fn plan_pool(
             .collect::<Result<Vec<_>, _>>()?;
         check_pools(&d)?;
         Ok(plan_tuple(plan::plan(&d, &o), &o))
-    })
-    .map_err(PyValueError::new_err)
+    });
+    plan_result(py, plan.map_err(PyValueError::new_err)?)
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -212,5 +294,8 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan_prepared, m)?)?;
     m.add_class::<PreparedDesired>()?;
     m.add_class::<PreparedObserved>()?;
+    for t in [&POOL_PLAN, &PLAN_UPDATE, &PLAN_DELETE] {
+        m.add(t.name, t.class(m.py())?)?;
+    }
     Ok(())
 }
