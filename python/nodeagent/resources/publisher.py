@@ -36,7 +36,7 @@ import trio
 from google.protobuf.message import Message
 
 from nodeagent import _native
-from nodeagent.accumulator.model import Query
+from nodeagent.accumulator.model import Query, QueryStatus
 from nodeagent.kube import NODES, RESOURCESLICES
 from nodeagent.kube.errors import ApiError, Conflict, KubeError, NotFound
 from nodeagent.log import get_logger
@@ -80,7 +80,7 @@ class SliceSource(Protocol):
 
     def update(self, target: object, deltas: Any = None) -> bool: ...
 
-    def not_ready_reason(self) -> str | None: ...
+    def statuses(self) -> Mapping[str, QueryStatus]: ...
 
 
 class SliceWriter(Protocol):
@@ -331,9 +331,12 @@ class Publisher:
         """Why nothing is written at all right now (None: pools are synced)."""
         if self._slices is None or not self._synced_once:
             return None
-        problem = self._slices.not_ready_reason()
-        if problem:
-            return f"the observed state is not known ({problem})"
+        # A relist under way is not a readiness problem for the accumulator, but its frozen
+        # snapshot lacks own writes: acting on it could create a pool twice.
+        unknown = [s for s in self._slices.statuses().values() if not s.known]
+        if unknown:
+            why = "; ".join(f"{s.query}: {s.reason or s.state.value}" for s in unknown)
+            return f"the observed state is not known ({why})"
         if self._node_uid is None:
             return f"waiting for Node {self.node_name}"
         return None

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import trio
 
+from nodeagent.accumulator.model import QueryStatus
 from nodeagent.kube import CORE_EVENTS
 from nodeagent.kube.errors import Conflict, NotFound
 
@@ -27,7 +28,8 @@ class FakeCluster:
         # Asked about every write (verb, body or name): an exception to raise, or None.
         self.reject: Callable[[str, Any], Exception | None] = lambda verb, obj: None
         self.node_uid: str | None = "node-uid-1"  # None: the Node does not exist
-        self.problem: str | None = None  # the accumulator's not_ready_reason()
+        # Queries whose state is not known (the accumulator's statuses(), known ones left out).
+        self.unknown: dict[str, QueryStatus] = {}
         self.events: list[dict[str, Any]] = []  # core/v1 Events created, with their namespace
         self.raw: dict[str, bytes] = {}  # objects shown verbatim in snapshots
         self._rv = itertools.count(100)
@@ -158,8 +160,8 @@ class FakeSource:
         while self._taken == self.c._version or not self.c.bootstrapped:
             await self.c._changed.wait()
 
-    def not_ready_reason(self) -> str | None:
-        return self.c.problem
+    def statuses(self) -> dict[str, QueryStatus]:
+        return dict(self.c.unknown)
 
     def update(self, target: object, deltas: Any = None) -> bool:
         c = self.c

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 
+from nodeagent.accumulator.model import QueryState, QueryStatus
 from nodeagent.kube.errors import Invalid
 from nodeagent.resources import metrics
 from tests.unit.resources.fake_cluster import FakeCluster
@@ -269,7 +270,9 @@ async def test_nothing_is_written_while_the_observed_state_is_unknown(
     autojump_clock: Any,
 ) -> None:
     cluster, plugins = FakeCluster(), Plugins()
-    cluster.problem = "resourceslices: list forbidden: no"
+    cluster.unknown = {
+        "resourceslices": QueryStatus("resourceslices", QueryState.FORBIDDEN, "list forbidden: no")
+    }
     async with running(cluster, plugins, startup_grace=0.0) as pub:
         plugins.send(inventory(3))
         await trio.sleep(300)
@@ -277,10 +280,24 @@ async def test_nothing_is_written_while_the_observed_state_is_unknown(
         assert pub.blocked() == (
             "the observed state is not known (resourceslices: list forbidden: no)"
         )
-        cluster.problem = None
+        cluster.unknown = {}
         await trio.sleep(1.5)
         assert [c[0] for c in cluster.writes()] == ["create"]
         assert pub.blocked() is None
+
+
+async def test_nothing_is_written_while_a_query_relists(autojump_clock: Any) -> None:
+    # A relist under way is no readiness problem, but its frozen snapshot lacks own writes.
+    cluster, plugins = FakeCluster(), Plugins()
+    cluster.unknown = {"node": QueryStatus("node", QueryState.RELISTING, None)}
+    async with running(cluster, plugins, startup_grace=0.0) as pub:
+        plugins.send(inventory(3))
+        await trio.sleep(10)
+        assert cluster.writes() == []
+        assert pub.blocked() == "the observed state is not known (node: relisting)"
+        cluster.unknown = {}
+        await trio.sleep(1.5)
+        assert [c[0] for c in cluster.writes()] == ["create"]
 
 
 # -- 14 ---------------------------------------------------------------------------------------
