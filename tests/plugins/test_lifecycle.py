@@ -10,6 +10,7 @@ import trio
 from prometheus_client import REGISTRY
 
 from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
+from nodeagent.resources.inventory import InventoryTracker
 from nodeagent.sdk import Device, DevicePlugin, Quantity, ReporterPlugin, ReportItem
 from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
 
@@ -199,3 +200,49 @@ async def test_manager_restarted_by_a_supervisor_registers_everything_again(
                 )
                 assert _metric("nodeagent_plugins_registered", type="ReporterPlugin") == gauge + 1
                 nursery.cancel_scope.cancel()  # the manager crashes or is restarted
+
+
+async def test_a_plugin_gone_while_the_manager_was_down_is_deregistered_after_its_restart(
+    bridge: GrpcBridge, registry: str
+) -> None:
+    from tests.plugins.conftest import fast_settings
+
+    manager = PluginManager(fast_settings(registry), bridge)
+    channel = manager.channel("DRAPlugin")
+    tracker = InventoryTracker("node-a")
+    async with DevicePlugin.serve(name="gone", registry_dir=registry, bridge=bridge) as plugin:
+        await plugin.publish([Device("dev-0")], pool="p")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(manager.run)
+            await wait_until(manager, lambda: "gone" in channel.value)
+            tracker.update(channel.value, 0.0)
+            assert tracker.drivers["gone"].registered
+            nursery.cancel_scope.cancel()  # the plugins component fails
+    # The plugin went away while the manager was down; the supervisor restarts the manager.
+    async with trio.open_nursery() as nursery:
+        await nursery.start(manager.run)
+        await wait_until(manager, lambda: state_of(manager, "gone") == "deregistered")
+        assert not channel.value["gone"].registered
+        # The resources side sees it go, so its slices follow the disconnect grace.
+        assert tracker.update(channel.value, 1.0) == {"gone"}
+        assert tracker.drivers["gone"].gone_since is not None
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_deregistered_plugins_data_is_dropped_after_the_grace(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    from tests.plugins.conftest import fast_settings
+
+    manager = PluginManager(fast_settings(registry, deregistered_data_grace=0.3), bridge)
+    await nursery.start(manager.run)
+    channel = manager.channel("ReporterPlugin")
+    async with ReporterPlugin.serve(name="brief", registry_dir=registry, bridge=bridge) as plugin:
+        await plugin.report([_item({"n": 1})])
+        await wait_until(manager, lambda: "brief" in channel.value)
+    await wait_until(manager, lambda: state_of(manager, "brief") == "deregistered")
+    left = trio.current_time()
+    assert not channel.value["brief"].registered
+    await wait_until(manager, lambda: "brief" not in channel.value)
+    assert trio.current_time() - left >= 0.25
+    assert plugin_status(manager, "brief") is None

@@ -182,3 +182,22 @@ async def test_a_driver_moving_to_self_publishing_stops_being_published_by_the_a
         await wait_until(
             manager, lambda: "moving" in channel.value and channel.value["moving"].registered
         )
+
+
+async def test_an_endpoint_created_after_the_registration_socket_is_retried(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    endpoint = os.path.join(registry, ".later", "dra.sock")
+    info = reg.PluginInfo(
+        type="DRAPlugin", name="later", endpoint=endpoint, supported_versions=["1.0.0"]
+    )
+    service = ScriptedRegistration(info)
+    async with bridge.serve([service], os.path.join(registry, "later-reg.sock")):
+        first = await service.wait_notified(1)
+        assert not first.plugin_registered
+        assert "No such file" in first.error
+        second = await service.wait_notified(2)  # retried, not rejected for good
+        assert "No such file" in second.error
+        os.makedirs(os.path.dirname(endpoint))
+        async with bridge.serve([], endpoint):
+            await wait_until(manager, lambda: state_of(manager, "later") == "registered")

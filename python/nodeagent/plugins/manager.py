@@ -36,6 +36,7 @@ from nodeagent.plugins.latest import LatestValue
 from nodeagent.plugins.registry import ensure_registry_dir, scan_registry
 from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.plugins.security import (
+    EndpointMissing,
     EndpointRejected,
     UidCheck,
     allowed_uids_check,
@@ -426,7 +427,7 @@ class PluginManager:
                     endpoint = self._check_endpoint(endpoint)
                     self._endpoint_known(record, endpoint)
                     await self._check_peer(endpoint)
-            except _Rejected as exc:
+            except _Failed as exc:  # refused, or not there (yet): the plugin is told either way
                 await self._notify(channel, record, False, str(exc))
                 raise
             plugin = PluginEndpoint(
@@ -485,13 +486,18 @@ class PluginManager:
             return resolve_endpoint([self._real_root], path)
         except EndpointRejected as exc:
             raise _Rejected("endpoint_rejected", str(exc)) from None
+        except EndpointMissing as exc:
+            raise _Failed("dial", str(exc)) from None
 
     def _check_endpoint(self, path: str) -> str:
-        """A service endpoint: any absolute path to a socket in the allowed directories."""
+        """A service endpoint: any absolute path to a socket in the allowed directories. One
+        that does not exist yet is retried (a plugin may create it after its registration)."""
         try:
             return resolve_endpoint(self._endpoint_dirs, path)
         except EndpointRejected as exc:
             raise _Rejected("endpoint_rejected", str(exc)) from None
+        except EndpointMissing as exc:
+            raise _Failed("dial", str(exc)) from None
 
     def _endpoint_known(self, record: _Record, endpoint: str) -> None:
         """Record a plugin's resolved endpoint; if the scan took it for a plugin, drop that."""

@@ -22,6 +22,7 @@ import trio
 from nodeagent.plugins.bridge import ConnectCheck, RpcError
 
 __all__ = [
+    "EndpointMissing",
     "EndpointRejected",
     "PeerCredentials",
     "PeerRejected",
@@ -39,6 +40,11 @@ _UCRED = struct.Struct("3i")
 
 class EndpointRejected(Exception):
     """A socket path or its peer broke a security rule; the message says which."""
+
+
+class EndpointMissing(Exception):
+    """A socket path does not exist (yet): a plugin may create its registration socket before
+    its service socket, so this is worth retrying, unlike EndpointRejected."""
 
 
 class PeerRejected(RpcError):
@@ -63,7 +69,8 @@ def allowed_uids_check(uids: Iterable[int] | None) -> UidCheck:
 
 def resolve_endpoint(allowed_dirs: Sequence[str], path: str) -> str:
     """`path` with symbolic links resolved; EndpointRejected unless it is an absolute path to a
-    socket below one of `allowed_dirs` (each already resolved)."""
+    socket below one of `allowed_dirs` (each already resolved), EndpointMissing if it does not
+    exist."""
     if not os.path.isabs(path):
         raise EndpointRejected(f"endpoint {path!r} is not an absolute path")
     real = os.path.realpath(path)
@@ -74,6 +81,8 @@ def resolve_endpoint(allowed_dirs: Sequence[str], path: str) -> str:
         )
     try:
         mode = os.stat(real).st_mode
+    except FileNotFoundError as exc:
+        raise EndpointMissing(f"endpoint {path!r}: {exc.strerror}") from None
     except OSError as exc:
         raise EndpointRejected(f"endpoint {path!r}: {exc.strerror}") from None
     if not stat.S_ISSOCK(mode):

@@ -10,6 +10,7 @@ import pytest
 import trio
 
 from nodeagent.plugins.security import (
+    EndpointMissing,
     EndpointRejected,
     PeerRejected,
     allowed_uids_check,
@@ -75,7 +76,7 @@ def test_resolve_endpoint_refuses_escapes_and_non_sockets(dirs: tuple[Path, Path
     (root / "file").write_text("")
     with pytest.raises(EndpointRejected, match="is not a unix socket"):
         resolve_endpoint(allowed, str(root / "file"))
-    with pytest.raises(EndpointRejected, match="No such file"):
+    with pytest.raises(EndpointMissing, match="No such file"):
         resolve_endpoint(allowed, str(root / "missing.sock"))
     with pytest.raises(EndpointRejected, match="not an absolute path"):
         resolve_endpoint(allowed, "relative.sock")
