@@ -27,7 +27,10 @@ MAX_COUNTERS = 32
 MAX_ATTRIBUTE_STRING = 64
 
 
-class _Base(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel"):
+# Inventories hold tens of thousands of these records; they are trees built from plugin
+# messages and never form reference cycles, so the cycle collector need not track them
+# (its full passes would otherwise grow with the inventory and stall the event loop).
+class _Base(msgspec.Struct, kw_only=True, omit_defaults=True, rename="camel", gc=False):
     pass
 
 
@@ -114,13 +117,13 @@ class ResourceSlice(msgspec.Struct, kw_only=True, rename="camel"):
 # --- the internal inventory model -------------------------------------------------------------
 
 
-class Pool(msgspec.Struct, kw_only=True, frozen=True):
+class Pool(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     name: str
     devices: list[Device] = []
     shared_counters: list[CounterSet] = []
 
 
-class Inventory(msgspec.Struct, kw_only=True, frozen=True):
+class Inventory(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     """One plugin's whole inventory: every message replaces the previous one."""
 
     driver: str

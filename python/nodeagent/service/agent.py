@@ -10,6 +10,7 @@ second signal exits at once.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -38,6 +39,10 @@ from nodeagent.service.sdnotify import Notifier
 from nodeagent.service.supervisor import ComponentReport, Supervisor
 
 log = get_logger(__name__)
+
+# Seconds a worker thread (large inventories are converted in one) may hold the GIL before the
+# event loop gets it back; CPython's default of 5 ms shows up directly as loop lag.
+LOOP_SWITCH_INTERVAL = 0.001
 
 EXIT_SHUTDOWN_TIMEOUT = 1
 # Past the deadline the hooks are cut short; this much later a thread ends a process whose loop
@@ -180,6 +185,11 @@ class Agent:
                         "mode": self.cluster.mode,
                     }
                 )
+                # Everything alive now (modules, settings, the first state) lives as long as the
+                # process: keep it out of every later full collection, whose pauses would
+                # otherwise grow with the code loaded and show as event-loop lag.
+                gc.freeze()
+                sys.setswitchinterval(LOOP_SWITCH_INTERVAL)
                 summary = self._summary()
                 self.notifier.ready(summary)
                 log.info(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import msgspec
 import pytest
 
@@ -230,3 +232,17 @@ def test_resource_slice_round_trip_with_wire_names() -> None:
     }
     assert raw["spec"]["devices"][0]["attributes"] == {"i": {"int": 0}, "b": {"bool": False}}
     assert msgspec.json.decode(msgspec.json.encode(obj), type=ResourceSlice) == obj
+
+
+def test_inventory_records_are_not_tracked_by_the_cycle_collector() -> None:
+    # Tens of thousands of them per inventory: tracked, they would lengthen every full
+    # collection (event-loop lag, benches/bench_looplag.py).
+    device = Device(
+        name="d",
+        attributes={"a": DeviceAttribute(int_=1)},
+        capacity={"m": DeviceCapacity(value="1Gi")},
+    )
+    inventory = Inventory(driver="x", pools=[Pool(name="p", devices=[device])])
+    for record in (device, device.attributes["a"], device.capacity["m"], inventory):
+        assert not gc.is_tracked(record)
+    assert not gc.is_tracked(inventory.pools[0])
