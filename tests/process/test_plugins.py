@@ -72,3 +72,72 @@ def test_standalone_agent_serves_a_plugins_reports(start_agent: StartAgent, tmp_
         plugin_proc.stderr.close()
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=10) == 0
+
+
+# A modern DRA driver as the upstream helper (kubelet 1.32+) registers one: registration socket
+# in the registry, service socket in <root>/plugins/<driver>/dra.sock, versions v1.DRAPlugin /
+# v1beta1.DRAPlugin; it publishes its own ResourceSlices, so the agent only registers it.
+MODERN = """
+import os, sys, trio
+from nodeagent.plugins.bridge import open_grpc_bridge
+from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.sdk._server import RegistrationServicer
+
+async def main(registry_dir, plugins_dir):
+    endpoint = os.path.join(plugins_dir, "m.example.com", "dra.sock")
+    os.makedirs(os.path.dirname(endpoint), exist_ok=True)
+    info = reg.PluginInfo(type="DRAPlugin", name="m.example.com", endpoint=endpoint,
+                          supported_versions=["v1.DRAPlugin", "v1beta1.DRAPlugin"])
+    async with open_grpc_bridge() as bridge:
+        async with bridge.serve([], endpoint), bridge.serve(
+            [RegistrationServicer(info)], os.path.join(registry_dir, "m.example.com-reg.sock")
+        ):
+            await trio.sleep_forever()
+
+trio.run(main, *sys.argv[1:])
+"""
+
+
+def test_a_modern_self_publishing_driver_is_shown_as_such(
+    start_agent: StartAgent, tmp_path: Path
+) -> None:
+    registry = tmp_path / "registry"
+    agent = start_agent("--registry-dir", str(registry))
+    agent.wait_ready()
+    plugin_proc = subprocess.Popen(
+        [sys.executable, "-c", MODERN, str(registry), str(tmp_path / "plugins")],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        row: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            rows = json.loads(agent.get("/v1/plugins")[1])
+            row = next((p for p in rows if p["name"] == "m.example.com"), {})
+            if row.get("state") == "registered":
+                break
+            time.sleep(0.2)
+        assert row.get("state") == "registered", row
+        assert (row["type"], row["api"], row["stream_state"]) == (
+            "DRAPlugin",
+            "kubelet-v1",
+            "self-publishing",
+        )
+        assert row["endpoint"] == str(tmp_path / "plugins" / "m.example.com" / "dra.sock")
+        out = subprocess.run(
+            nodeagent_command("status", "--ops-address", agent.ops_address),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert out.returncode == 0, out.stderr
+        line = next(line for line in out.stdout.splitlines() if line.startswith("m.example.com"))
+        assert line.split()[1:4] == ["DRAPlugin", "registered", "self-publishing"]
+    finally:
+        plugin_proc.send_signal(signal.SIGTERM)
+        plugin_proc.wait(10)
+        assert plugin_proc.stderr is not None
+        plugin_proc.stderr.close()
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=10) == 0
