@@ -184,6 +184,7 @@ class StreamingHandler(ABC, Generic[M]):
         self.latest: LatestValue[Mapping[str, PluginData]] = LatestValue(MappingProxyType({}))
         self._data: dict[str, PluginData] = {}  # what `latest` shows, by plugin name
         self.messages_received = 0  # valid messages over all plugins, ever
+        self.messages_skipped = 0  # messages superseded before being processed, ever
         # Bumped on every change visible in plugin_status(), so callers can wait for one.
         self.changes: LatestValue[None] = LatestValue(None)
 
@@ -507,6 +508,7 @@ class StreamingHandler(ABC, Generic[M]):
                 return exc
             if pending.put(message):
                 entry.skipped += 1
+                self.messages_skipped += 1
                 metrics.MESSAGES_SKIPPED.labels(type=self.plugin_type).inc()
 
     async def _process_loop(
