@@ -201,3 +201,23 @@ async def test_an_endpoint_created_after_the_registration_socket_is_retried(
         os.makedirs(os.path.dirname(endpoint))
         async with bridge.serve([], endpoint):
             await wait_until(manager, lambda: state_of(manager, "later") == "registered")
+
+
+async def test_naming_a_registered_plugins_socket_as_endpoint_does_not_deregister_it(
+    manager: PluginManager, bridge: GrpcBridge, registry: str
+) -> None:
+    async with DevicePlugin.serve(name="first", registry_dir=registry, bridge=bridge) as first:
+        with trio.fail_after(WAIT):
+            await first.wait_registered()
+        info = reg.PluginInfo(
+            type="DRAPlugin",
+            name="second",
+            endpoint=first.socket_path,
+            supported_versions=["1.0.0"],
+        )
+        service = ScriptedRegistration(info)
+        async with bridge.serve([service], os.path.join(registry, "second-reg.sock")):
+            assert (await service.wait_notified()).plugin_registered
+            manager._scan()
+            assert manager._desired.get(first.socket_path) is not None
+            assert state_of(manager, "first") == "registered"

@@ -159,7 +159,8 @@ class PluginManager:
 
     def _reset(self) -> None:
         """Forget registrations from an earlier run (a supervisor restarting the manager): their
-        streams died with it, so every socket registers afresh. Handlers keep the last data."""
+        streams died with it, so every socket registers afresh. Handlers keep the last data,
+        marked deregistered until the plugin registers again (one gone meanwhile stays so)."""
         for record in self._records.values():
             if record.registered_type:
                 metrics.REGISTERED.labels(type=record.registered_type).dec()
@@ -262,7 +263,7 @@ class PluginManager:
             return
         endpoints = self._endpoint_sockets()
         if endpoints:
-            found = {p: i for p, i in found.items() if self._real_path(p) not in endpoints}
+            found = {p: i for p, i in found.items() if not self._is_endpoint(p, endpoints)}
         changed = not self._scanned or bool(self._scan_error)  # readiness changed
         self._scanned = True
         self._scan_error = ""
@@ -285,6 +286,10 @@ class PluginManager:
             for r in self._records.values()
             if r.endpoint_real and r.endpoint_real != self._real_path(r.socket)
         }
+
+    def _is_endpoint(self, path: str, endpoints: set[str]) -> bool:
+        # A registered plugin stays one even if another plugin names its socket as endpoint.
+        return self._real_path(path) in endpoints and self._actual.get(path) is None
 
     def _real_path(self, path: str) -> str:
         # Scanned paths contain no symbolic links below the root (the scan does not follow them).
@@ -503,7 +508,7 @@ class PluginManager:
         """Record a plugin's resolved endpoint; if the scan took it for a plugin, drop that."""
         record.endpoint_real = endpoint
         for path in list(self._seen):
-            if self._real_path(path) == endpoint:
+            if self._is_endpoint(path, {endpoint}):
                 log.info("socket is a plugin's endpoint, not a plugin", socket=path)
                 del self._seen[path]
                 self._desired.remove(path)
