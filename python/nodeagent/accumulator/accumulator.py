@@ -184,7 +184,7 @@ class Accumulator:
         if not self.bootstrapped:
             return False
         for f in self._fields:
-            if not hasattr(target, f.query.name):
+            if not _declares(target, f.query.name):
                 raise AttributeError(
                     f"snapshot {type(target).__name__} has no field {f.query.name!r}"
                 )
@@ -338,3 +338,13 @@ class Accumulator:
         return q.labels.matches(labels if isinstance(labels, dict) else {}) and q.fields.matches(
             doc
         )
+
+
+def _declares(target: object, name: str) -> bool:
+    """The snapshot object has a field for ``name``: an attribute, a slot, or a bare annotation
+    (``class View: cms: ObjectMap[ConfigMap]``), so a misspelt query name fails loudly."""
+    if hasattr(target, name):
+        return True
+    return any(
+        name in vars(k) or name in vars(k).get("__annotations__", {}) for k in type(target).__mro__
+    )

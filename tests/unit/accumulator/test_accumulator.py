@@ -597,6 +597,27 @@ async def test_update_requires_fields(autojump_clock: trio.testing.MockClock) ->
             acc.update(Partial())
 
 
+async def test_update_fills_fields_that_are_only_annotated(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The README's example view: one bare annotation per query.
+    async with running() as (acc, client):
+        await bootstrap(client, obj("a", 1))
+
+        class View:
+            cms: ObjectMap[ConfigMap]
+            widgets: ObjectMap[bytes]
+
+        class Slotted:
+            __slots__ = ("cms", "widgets")
+
+        view, slotted = View(), Slotted()
+        assert acc.update(view)
+        assert [k.name for k in view.cms] == ["a"] and len(view.widgets) == 0
+        acc.update(slotted)
+        assert [k.name for k in slotted.cms] == ["a"]  # type: ignore[attr-defined]
+
+
 def test_invalid_settings_and_queries() -> None:
     with pytest.raises(ConfigError, match=r"accumulator\.max_interval"):
         AccumulatorSettings(max_interval=0).validate()
