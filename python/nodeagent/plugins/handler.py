@@ -239,7 +239,12 @@ class StreamingHandler(ABC, Generic[M]):
             entry.registrations = [r for r in entry.registrations if r.socket != plugin.socket]
             entry.registrations.append(plugin)
             entry.gone_at = None
-            await self._serve(entry, plugin)
+            try:
+                await self._serve(entry, plugin)
+            except Exception:
+                # Not registered after all: the manager does not deregister what failed here.
+                entry.registrations.remove(plugin)
+                raise
 
     async def deregister(self, plugin: PluginEndpoint) -> None:
         async with self._lock(plugin.name):
