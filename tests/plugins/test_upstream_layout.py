@@ -79,9 +79,9 @@ async def test_a_service_socket_inside_the_registry_is_never_taken_for_a_plugin(
         # endpoint is gone, and later scans leave it alone.
         await wait_until(manager, lambda: _sockets(manager) == [plugin.socket_path])
         get_info_errors = _errors("get_info")
-        manager._scan()
-        assert manager._desired.get(endpoint) is None
-        assert endpoint not in manager._seen
+        manager._watcher.scan()
+        assert manager._caches.desired.get(endpoint) is None
+        assert endpoint not in manager._watcher.seen
         assert _sockets(manager) == [plugin.socket_path]
         assert state_of(manager, "drv") == "registered"
         assert _errors("get_info") == get_info_errors
@@ -218,6 +218,6 @@ async def test_naming_a_registered_plugins_socket_as_endpoint_does_not_deregiste
         service = ScriptedRegistration(info)
         async with bridge.serve([service], os.path.join(registry, "second-reg.sock")):
             assert (await service.wait_notified()).plugin_registered
-            manager._scan()
-            assert manager._desired.get(first.socket_path) is not None
+            manager._watcher.scan()
+            assert manager._caches.desired.get(first.socket_path) is not None
             assert state_of(manager, "first") == "registered"

@@ -4,20 +4,25 @@ The registry watcher writes the desired state (every plugin socket that exists, 
 generation that changes whenever the socket is recreated); registration writes the actual state.
 `plan` compares them: actual plugins whose socket left the desired state, or whose generation
 differs (socket recreated), are unregistered; desired sockets without a matching actual entry are
-registered.
+registered. Beside the two caches, `PluginRecord` keeps what an operator sees about each socket
+(its `PluginState`, last error, probe failures); `Caches` holds the three for the manager's pieces.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 from dataclasses import dataclass, field
 
 __all__ = [
     "ActualPlugin",
     "ActualState",
+    "Caches",
     "DesiredPlugin",
     "DesiredState",
     "Plan",
+    "PluginRecord",
+    "PluginState",
     "SocketIdentity",
     "plan",
 ]
@@ -72,6 +77,9 @@ class DesiredState:
     def remove(self, socket: str) -> None:
         self._plugins.pop(socket, None)
 
+    def clear(self) -> None:
+        self._plugins.clear()
+
     def get(self, socket: str) -> DesiredPlugin | None:
         return self._plugins.get(socket)
 
@@ -88,6 +96,9 @@ class ActualState:
 
     def remove(self, socket: str) -> None:
         self._plugins.pop(socket, None)
+
+    def clear(self) -> None:
+        self._plugins.clear()
 
     def get(self, socket: str) -> ActualPlugin | None:
         return self._plugins.get(socket)
@@ -113,3 +124,49 @@ def plan(desired: DesiredState, actual: ActualState) -> Plan:
         if current is None or current.generation != wanted.generation:
             result.register.append(wanted)
     return result
+
+
+class PluginState(enum.StrEnum):
+    """Where a plugin socket is in its life; the value is what /v1/plugins and `nodeagent
+    status` show."""
+
+    REGISTERING = "registering"  # found, registration under way or waiting for its backoff
+    REGISTERED = "registered"
+    FAILED = "failed"  # registration failed (retried with backoff) or deregistered by probes
+    REJECTED = "rejected"  # a security rule refused it: not retried until the socket is recreated
+    DEREGISTERED = "deregistered"  # its socket is gone, its last data still kept by the handler
+
+
+@dataclass
+class PluginRecord:
+    """What the ops endpoint shows about one plugin socket, and the per-socket facts the
+    pieces share (its resolved endpoint, the generation a rule rejected, probe failures)."""
+
+    socket: str
+    generation: int
+    state: PluginState = PluginState.REGISTERING
+    name: str = ""
+    plugin_type: str = ""
+    endpoint: str = ""
+    # The endpoint with symbolic links resolved, once checked: never scanned as a plugin.
+    endpoint_real: str = ""
+    versions: tuple[str, ...] = ()
+    last_error: str = ""
+    rejected_generation: int = 0
+    probe_failures: int = 0
+    registered_type: str = ""  # the gauge label this socket currently counts under
+
+
+@dataclass
+class Caches:
+    """The desired and actual states and the per-socket records, shared by the watcher,
+    reconciler, operation executor and monitor (one event loop: no locking)."""
+
+    desired: DesiredState = field(default_factory=DesiredState)
+    actual: ActualState = field(default_factory=ActualState)
+    records: dict[str, PluginRecord] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        self.desired.clear()
+        self.actual.clear()
+        self.records.clear()

@@ -1,0 +1,111 @@
+"""The connection monitor: GetInfo probes of registered and dropped plugin sockets."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import trio
+
+from nodeagent.log import get_logger
+from nodeagent.plugins import metrics
+from nodeagent.plugins.bridge import GrpcBridge, RpcError
+from nodeagent.plugins.executor import OperationExecutor
+from nodeagent.plugins.settings import PluginSettings
+from nodeagent.plugins.state import ActualPlugin, Caches, PluginState, SocketIdentity
+from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+
+__all__ = ["ConnectionMonitor"]
+
+log = get_logger(__name__)
+
+
+class ConnectionMonitor:
+    """Probes plugins with GetInfo (the kubelet's 2025 connection monitor) and edits the
+    desired state on what it finds.
+
+    Owns nothing but its loop; the consecutive failures it counts live on each socket's
+    `PluginRecord`. Every `probe_interval` it probes, concurrently, each registered plugin and
+    each socket the scan found but the desired state lacks (one dropped for failing probes),
+    skipping sockets with an operation under way. A probe dials within `probe_dial_timeout`, then
+    asks GetInfo within `probe_get_info_timeout` (longer than registration's: a slow answer is
+    not a dead plugin). After `probe_failures` consecutive failures a plugin is removed from the
+    desired state, so the reconciler deregisters it in the ordinary way (consumers apply their
+    own graces); a dropped socket that answers again gets a new generation and registers afresh.
+    """
+
+    def __init__(
+        self,
+        settings: PluginSettings,
+        bridge: GrpcBridge,
+        caches: Caches,
+        executor: OperationExecutor,
+        seen: Callable[[], Mapping[str, SocketIdentity]],
+        *,
+        kick: Callable[[], None],
+    ) -> None:
+        self._settings = settings
+        self._bridge = bridge
+        self._caches = caches
+        self._executor = executor
+        self._seen = seen  # the sockets the registry scan found
+        self._kick = kick
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(self._settings.probe_interval)
+            await self.probe_all()
+
+    async def probe_all(self) -> None:
+        """One round of probes; returns when every probe has ended."""
+        async with trio.open_nursery() as nursery:
+            for registered in self._caches.actual.plugins():
+                if not self._executor.busy(registered.socket):
+                    nursery.start_soon(self._probe_registered, registered)
+            for path, identity in self._seen().items():
+                if self._caches.desired.get(path) is None and not self._executor.busy(path):
+                    nursery.start_soon(self._probe_dropped, path, identity)
+
+    async def _probe(self, socket: str) -> None:
+        """Dial, then GetInfo, each with its own (kubelet monitor) timeout."""
+        async with self._bridge.channel(socket) as channel:
+            await self._bridge.connect(channel, within=self._settings.probe_dial_timeout)
+            stub = channel.stub(reg_grpc.RegistrationStub)
+            await self._bridge.unary(
+                stub.GetInfo, reg.InfoRequest(), timeout=self._settings.probe_get_info_timeout
+            )
+
+    async def _probe_registered(self, registered: ActualPlugin) -> None:
+        record = self._caches.records.get(registered.socket)
+        if record is None:
+            return
+        try:
+            await self._probe(registered.socket)
+        except RpcError as exc:
+            record.probe_failures += 1
+            metrics.ERRORS.labels(kind="probe").inc()
+            log.warning(
+                "plugin probe failed",
+                socket=registered.socket,
+                name=registered.name,
+                failures=record.probe_failures,
+                error=str(exc),
+            )
+            if record.probe_failures >= self._settings.probe_failures:
+                record.state = PluginState.FAILED
+                record.last_error = f"deregistered after {record.probe_failures} failed probes"
+                self._caches.desired.remove(registered.socket)
+                self._kick()
+        else:
+            record.probe_failures = 0
+
+    async def _probe_dropped(self, socket: str, identity: SocketIdentity) -> None:
+        """A socket dropped for failing probes comes back once it answers again."""
+        try:
+            await self._probe(socket)
+        except RpcError:
+            return
+        if self._seen().get(socket) == identity and self._caches.desired.get(socket) is None:
+            log.info("unresponsive plugin answers again", socket=socket)
+            self._caches.desired.force_new_generation(socket, identity)
+            self._kick()
