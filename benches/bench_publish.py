@@ -36,7 +36,15 @@ import trio.testing
 
 from benches.report import print_uncaptured
 from nodeagent.accumulator import Accumulator
-from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors, load_kubeconfig
+from nodeagent.kube import (
+    NODES,
+    RESOURCESLICES,
+    KubeClient,
+    WatchRequest,
+    errors,
+    load_kubeconfig,
+    run_watch,
+)
 from nodeagent.plugins import PluginManager, open_grpc_bridge
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
@@ -104,7 +112,9 @@ async def watching(admin: KubeClient) -> Any:
     visible = Visible()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(
-            lambda: admin.run_watch(RESOURCESLICES, visible, field_selector=f"spec.nodeName={NODE}")
+            lambda: run_watch(
+                admin, WatchRequest(RESOURCESLICES, field_selector=f"spec.nodeName={NODE}"), visible
+            )
         )
         with trio.fail_after(TIMEOUT):
             await visible.listed.wait()

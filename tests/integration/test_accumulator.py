@@ -33,11 +33,11 @@ from nodeagent.kube import (
     NAMESPACES,
     KubeClient,
     Resource,
-    WriteEvent,
+    WatchOptions,
     errors,
 )
 from nodeagent.kube.models import ConfigMap, ObjectMeta
-from nodeagent.kube.watch import FeedResult, WatchSink
+from nodeagent.kube.watch import FeedResult, WatchRequest, WatchSink, run_watch
 from tests.integration.conftest import client_for, core_event
 from tests.support.apiserver import ApiServer
 
@@ -45,6 +45,8 @@ pytestmark = pytest.mark.integration
 
 SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 GROUP = "acc.nodeagent.io"
+# Watches that end and reconnect within seconds.
+FAST_WATCH = WatchOptions(server_timeout=(1, 1), backoff=(0.05, 0.2))
 
 
 class Secret(msgspec.Struct, kw_only=True):
@@ -130,22 +132,16 @@ class GatedSink:
 
 
 class GatedWatches:
-    """A client whose watches of chosen resources go through a `Gate`; writes, discovery and
-    write observers are the real client's."""
+    """A client whose watches of chosen resources go through a `Gate` (the accumulator's
+    ``watch=``); writes, discovery and write observers are the real client's."""
 
     def __init__(self, client: KubeClient, gates: Mapping[str, Gate]) -> None:
         self.client = client
         self.gates = gates
 
-    async def run_watch(self, resource: Resource, sink: WatchSink, **kw: Any) -> NoReturn:
-        gate = self.gates.get(resource.plural)
-        await self.client.run_watch(resource, GatedSink(sink, gate) if gate else sink, **kw)
-
-    async def discover(self, api_version: str, kind: str) -> Resource:
-        return await self.client.discover(api_version, kind)
-
-    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
-        self.client.add_write_observer(fn)
+    async def run_watch(self, request: WatchRequest, sink: WatchSink) -> NoReturn:
+        gate = self.gates.get(request.resource.plural)
+        await run_watch(self.client, request, GatedSink(sink, gate) if gate else sink)
 
 
 class HoldableStreams(KubeClient):
@@ -173,9 +169,14 @@ class HoldableStreams(KubeClient):
 
 @asynccontextmanager
 async def accumulating(
-    client: Any, queries: list[Query[Any]], **settings: Any
+    client: KubeClient | GatedWatches, queries: list[Query[Any]], **settings: Any
 ) -> AsyncIterator[Accumulator]:
-    acc = Accumulator(client, queries, AccumulatorSettings(**settings))
+    if isinstance(client, GatedWatches):
+        acc = Accumulator(
+            client.client, queries, AccumulatorSettings(**settings), watch=client.run_watch
+        )
+    else:
+        acc = Accumulator(client, queries, AccumulatorSettings(**settings))
     async with trio.open_nursery() as nursery:
         await nursery.start(acc.run)
         yield acc
@@ -496,7 +497,7 @@ async def test_relist_after_410_yields_exact_difference(
     for name in ("e1", "e2", "e3"):
         await admin_client.create(CORE_EVENTS, core_event(name, ns, "v1"), ns)
     config = client_for(apiserver, "admin").config
-    async with HoldableStreams(config, watch_timeout=(1, 1), watch_backoff=(0.05, 0.2)) as client:
+    async with HoldableStreams(config, watch=FAST_WATCH) as client:
         client.held, client.release = trio.Event(), trio.Event()
         query = Query("events", "v1", "Event", namespace=ns)
         async with accumulating(client, [query]) as acc:
@@ -583,7 +584,7 @@ async def test_recreated_while_the_watch_was_away_is_a_delete_and_an_add(
     # core/v1 Events have no watch cache: after compaction the watch gets 410 and relists.
     await admin_client.create(CORE_EVENTS, core_event("e1", ns, "old"), ns)
     config = client_for(apiserver, "admin").config
-    async with HoldableStreams(config, watch_timeout=(1, 1), watch_backoff=(0.05, 0.2)) as client:
+    async with HoldableStreams(config, watch=FAST_WATCH) as client:
         client.held, client.release = trio.Event(), trio.Event()
         query = Query("events", "v1", "Event", namespace=ns, into=Gizmo)  # metadata is enough
         async with accumulating(client, [query]) as acc:
@@ -640,7 +641,7 @@ async def test_forbidden_after_a_good_list_is_served_empty(
     for name in ("a", "b"):
         await admin_client.create(CONFIGMAPS, cm(name, v="1"), ns)
     # Watches end every second, so the revocation is noticed when the watch reconnects.
-    node = client_for(apiserver, "node-a", watch_timeout=(1, 1), watch_backoff=(0.05, 0.2))
+    node = client_for(apiserver, "node-a", watch=FAST_WATCH)
     async with node as client, accumulating(client, [cm_query(ns)], forbidden_retry=1) as acc:
         snap = Snap()
         with trio.fail_after(30):

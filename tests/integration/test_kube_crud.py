@@ -212,33 +212,35 @@ async def test_server_side_apply(admin_client: KubeClient, ns: str) -> None:
 
 async def test_delete_preconditions_and_collection(admin_client: KubeClient, ns: str) -> None:
     events: list[WriteEvent] = []
-    admin_client.add_write_observer(events.append)
-    cm = await admin_client.create(CONFIGMAPS, _cm("pre"), ns, into=ConfigMap)
-    with pytest.raises(errors.Conflict) as wrong_uid:
-        await admin_client.delete(CONFIGMAPS, "pre", ns, uid="00000000-0000-0000-0000-000000000000")
-    assert "UID" in wrong_uid.value.message
-    with pytest.raises(errors.Conflict):
-        await admin_client.delete(CONFIGMAPS, "pre", ns, resource_version="1")
-    assert (
-        await admin_client.delete(
-            CONFIGMAPS,
-            "pre",
-            ns,
-            uid=cm.metadata.uid,
-            resource_version=cm.metadata.resource_version,
+    with admin_client.observe_writes(events.append):
+        cm = await admin_client.create(CONFIGMAPS, _cm("pre"), ns, into=ConfigMap)
+        with pytest.raises(errors.Conflict) as wrong_uid:
+            await admin_client.delete(
+                CONFIGMAPS, "pre", ns, uid="00000000-0000-0000-0000-000000000000"
+            )
+        assert "UID" in wrong_uid.value.message
+        with pytest.raises(errors.Conflict):
+            await admin_client.delete(CONFIGMAPS, "pre", ns, resource_version="1")
+        assert (
+            await admin_client.delete(
+                CONFIGMAPS,
+                "pre",
+                ns,
+                uid=cm.metadata.uid,
+                resource_version=cm.metadata.resource_version,
+            )
+            is None
         )
-        is None
-    )
 
-    for i in range(3):
-        body = _cm(f"col-{i}")
-        body["metadata"]["labels"] = {"batch": "1"}
-        await admin_client.create(CONFIGMAPS, body, ns)
-    await admin_client.create(CONFIGMAPS, _cm("keep"), ns)
-    await admin_client.delete_collection(CONFIGMAPS, ns, label_selector="batch=1")
-    left = await admin_client.list(CONFIGMAPS, ns, into=ConfigMap)
-    assert {c.metadata.name for c in left.items} >= {"keep"}
-    assert not any(c.metadata.name.startswith("col-") for c in left.items)
+        for i in range(3):
+            body = _cm(f"col-{i}")
+            body["metadata"]["labels"] = {"batch": "1"}
+            await admin_client.create(CONFIGMAPS, body, ns)
+        await admin_client.create(CONFIGMAPS, _cm("keep"), ns)
+        await admin_client.delete_collection(CONFIGMAPS, ns, label_selector="batch=1")
+        left = await admin_client.list(CONFIGMAPS, ns, into=ConfigMap)
+        assert {c.metadata.name for c in left.items} >= {"keep"}
+        assert not any(c.metadata.name.startswith("col-") for c in left.items)
     deletes = sorted(e.name for e in events if e.verb == "delete")
     assert deletes == ["col-0", "col-1", "col-2", "pre"]
     assert all(e.obj is None and e.namespace == ns for e in events if e.verb == "delete")
@@ -250,17 +252,17 @@ async def test_write_observers_see_every_write(admin_client: KubeClient, ns: str
     def broken(_: WriteEvent) -> None:
         raise RuntimeError("observer bug")
 
-    admin_client.add_write_observer(broken)  # must not break the client or later observers
-    admin_client.add_write_observer(seen.append)
-    created = await admin_client.create(
-        CONFIGMAPS, {"metadata": {"generateName": "obs-", "finalizers": ["test/hold"]}}, ns
-    )
-    name = json.loads(created)["metadata"]["name"]
-    await admin_client.patch(CONFIGMAPS, name, {"data": {"a": "1"}}, ns)
-    # A finalizer keeps the object: the delete is reported as an update with that object.
-    remaining = await admin_client.delete(CONFIGMAPS, name, ns)
-    assert remaining is not None and json.loads(remaining)["metadata"]["deletionTimestamp"]
-    await admin_client.patch(CONFIGMAPS, name, {"metadata": {"finalizers": None}}, ns)
+    # A failing observer must not break the client or later observers.
+    with admin_client.observe_writes(broken), admin_client.observe_writes(seen.append):
+        created = await admin_client.create(
+            CONFIGMAPS, {"metadata": {"generateName": "obs-", "finalizers": ["test/hold"]}}, ns
+        )
+        name = json.loads(created)["metadata"]["name"]
+        await admin_client.patch(CONFIGMAPS, name, {"data": {"a": "1"}}, ns)
+        # A finalizer keeps the object: the delete is reported as an update with that object.
+        remaining = await admin_client.delete(CONFIGMAPS, name, ns)
+        assert remaining is not None and json.loads(remaining)["metadata"]["deletionTimestamp"]
+        await admin_client.patch(CONFIGMAPS, name, {"metadata": {"finalizers": None}}, ns)
     assert [e.verb for e in seen] == ["create", "patch", "update", "patch"]
     assert all(e.name == name and e.namespace == ns and e.resource == CONFIGMAPS for e in seen)
     assert seen[0].obj == created

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -12,12 +12,21 @@ import httpx
 import pytest
 import trio
 
-from nodeagent.kube import CONFIGMAPS, CORE_EVENTS, NAMESPACES, KubeClient, ObjectCache, errors
-from nodeagent.kube.informer import Event, EventType
+from nodeagent.kube import (
+    CONFIGMAPS,
+    CORE_EVENTS,
+    NAMESPACES,
+    KubeClient,
+    WatchOptions,
+    WatchRequest,
+    errors,
+    run_watch,
+)
 from nodeagent.kube.models import ConfigMap
 from nodeagent.kube.watch import FeedResult
 from tests.integration.conftest import client_for, core_event
 from tests.support.apiserver import ApiServer
+from tests.support.informer import Event, EventType, Informer, ObjectCache
 
 pytestmark = pytest.mark.integration
 
@@ -120,11 +129,13 @@ async def test_bookmarks_advance_rv_and_reconnect_resumes_without_relist(
     sink = RecordingCache()
     # The watch cache sends a bookmark 2 s before the server timeout, if there is time for it.
     async with (
-        GatedClient(client_for(apiserver, "admin").config, watch_timeout=(5, 5)) as client,
+        GatedClient(
+            client_for(apiserver, "admin").config, watch=WatchOptions(server_timeout=(5, 5))
+        ) as client,
         trio.open_nursery() as nursery,
     ):
         client.notify = sink
-        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace=ns))
+        nursery.start_soon(lambda: run_watch(client, WatchRequest(CONFIGMAPS, ns), sink))
         await sink.wait_for(lambda: sink.lists_ended)
         list_rv = sink.lists_ended[0]
         assert sink.events == [("ADDED", "a", sink.events[0][2])]
@@ -157,12 +168,13 @@ async def test_expired_rv_relists_and_reports_exact_difference(
     sink = RecordingCache()
     async with (
         GatedClient(
-            client_for(apiserver, "admin").config, watch_timeout=(1, 1), watch_backoff=(0.05, 0.2)
+            client_for(apiserver, "admin").config,
+            watch=WatchOptions(server_timeout=(1, 1), backoff=(0.05, 0.2)),
         ) as client,
         trio.open_nursery() as nursery,
     ):
         client.notify = sink
-        nursery.start_soon(lambda: client.run_watch(CORE_EVENTS, sink, namespace=ns))
+        nursery.start_soon(lambda: run_watch(client, WatchRequest(CORE_EVENTS, ns), sink))
         await sink.wait_for(lambda: len(sink.events) == 3)
         assert {(t, n) for t, n, _ in sink.events} == {
             ("ADDED", "e1"),
@@ -204,7 +216,7 @@ async def test_server_restart_mid_watch_loses_no_event(
     view: dict[str, str] = {}
     seen = trio.Event()
 
-    async def consume(events: AsyncIterator[Event[ConfigMap]]) -> None:
+    async def consume(events: AsyncIterable[Event[ConfigMap]]) -> None:
         nonlocal seen
         async for ev in events:
             if ev.type == "DELETED":
@@ -214,8 +226,8 @@ async def test_server_restart_mid_watch_loses_no_event(
             seen.set()
 
     async with (
-        client_for(apiserver, "admin", watch_backoff=(0.1, 1.0)) as client,
-        client.informer(CONFIGMAPS, into=ConfigMap, namespace=ns) as informer,
+        client_for(apiserver, "admin", watch=WatchOptions(backoff=(0.1, 1.0))) as client,
+        Informer(client, WatchRequest(CONFIGMAPS, ns), into=ConfigMap) as informer,
         trio.open_nursery() as nursery,
     ):
         nursery.start_soon(consume, informer)
@@ -241,8 +253,8 @@ async def test_server_restart_mid_watch_loses_no_event(
 async def test_forbidden_list_is_raised(node_client: KubeClient) -> None:
     sink = RecordingCache()
     with pytest.raises(errors.Forbidden):
-        await node_client.run_watch(CONFIGMAPS, sink)
-    async with node_client.informer(CONFIGMAPS, into=ConfigMap) as informer:
+        await run_watch(node_client, WatchRequest(CONFIGMAPS), sink)
+    async with Informer(node_client, WatchRequest(CONFIGMAPS), into=ConfigMap) as informer:
         with pytest.raises(errors.Forbidden):
             async for _ in informer:
                 pass

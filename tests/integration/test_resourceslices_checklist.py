@@ -18,7 +18,7 @@ import trio
 import trio.testing
 
 from nodeagent.accumulator import Accumulator
-from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors
+from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, WatchRequest, errors, run_watch
 from nodeagent.kube.metrics import API_REQUESTS
 from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
 from nodeagent.resources import metrics
@@ -94,7 +94,9 @@ async def test_exact_update_scope_300_devices_and_the_generation_bump(
     watcher = SliceEvents()
     async with trio.open_nursery() as watching:
         watching.start_soon(
-            lambda: admin.run_watch(RESOURCESLICES, watcher, field_selector=f"spec.nodeName={NODE}")
+            lambda: run_watch(
+                admin, WatchRequest(RESOURCESLICES, field_selector=f"spec.nodeName={NODE}"), watcher
+            )
         )
         with trio.fail_after(TIMEOUT):
             await watcher.listed.wait()

@@ -1,6 +1,6 @@
 """Multi-kind, coalescing, bootstrap-gated snapshots of cluster objects over the Rust store."""
 
-from nodeagent.accumulator.accumulator import Accumulator, QueryForbiddenError, WatchClient
+from nodeagent.accumulator.accumulator import Accumulator, QueryForbiddenError, Watch, WatchClient
 from nodeagent.accumulator.model import (
     Delta,
     DeltaType,
@@ -23,5 +23,6 @@ __all__ = [
     "QueryForbiddenError",
     "QueryState",
     "QueryStatus",
+    "Watch",
     "WatchClient",
 ]

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, NoReturn, Protocol
 
 import msgspec
@@ -31,31 +33,25 @@ from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.accumulator.sink import StoreSink
 from nodeagent.accumulator.view import QueryView
 from nodeagent.kube import errors as kube_errors
-from nodeagent.kube.client import WriteEvent
+from nodeagent.kube.client import KubeClient, WriteEvent
 from nodeagent.kube.resource import Resource
-from nodeagent.kube.watch import WatchSink
+from nodeagent.kube.watch import WatchRequest, WatchSink, run_watch
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
 
 
-class WatchClient(Protocol):
-    """The part of `nodeagent.kube.KubeClient` the accumulator uses."""
+Watch = Callable[[WatchRequest, WatchSink], Awaitable[NoReturn]]
+"""Lists then watches one request into a sink until cancelled: `nodeagent.kube.run_watch`
+bound to a client (tests put a fake here)."""
 
-    async def run_watch(
-        self,
-        resource: Resource,
-        sink: WatchSink,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        on_synced: Callable[[], None] | None = None,
-    ) -> NoReturn: ...
+
+class WatchClient(Protocol):
+    """The part of `nodeagent.kube.KubeClient` the accumulator uses besides its watches."""
 
     async def discover(self, api_version: str, kind: str) -> Resource: ...
 
-    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None: ...
+    def observe_writes(self, fn: Callable[[WriteEvent], None]) -> AbstractContextManager[None]: ...
 
 
 class QueryForbiddenError(Exception):
@@ -105,7 +101,11 @@ class Accumulator:
         client: WatchClient,
         queries: Sequence[Query[Any]],
         settings: AccumulatorSettings | None = None,
+        *,
+        watch: Watch | None = None,
     ) -> None:
+        """``watch`` defaults to `run_watch` through ``client``, which must then be a
+        `KubeClient`."""
         self.settings = settings or AccumulatorSettings()
         self.settings.validate()
         if not queries:
@@ -113,7 +113,12 @@ class Accumulator:
         names = [q.name for q in queries]
         if len(set(names)) != len(names):
             raise ValueError(f"query names must be unique: {names}")
+        if watch is None:
+            if not isinstance(client, KubeClient):
+                raise TypeError(f"{type(client).__name__} is not a KubeClient: pass watch=")
+            watch = partial(run_watch, client)
         self._client = client
+        self._watch_one = watch
         self._notifier = Notifier(self.settings.max_interval, self._offer_ready)
         self._fields: list[_Field] = []
         for q in queries:
@@ -125,7 +130,6 @@ class Accumulator:
             metrics.SYNCED.labels(q.name).set(0)
             metrics.FORBIDDEN.labels(q.name).set(0)
         self._first_update = True
-        client.add_write_observer(self._on_write)
 
     # -- state --------------------------------------------------------------------------
 
@@ -212,13 +216,15 @@ class Accumulator:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Runs every query's watch until cancelled. Raises `QueryForbiddenError` when a list
-        is Forbidden and `forbidden_fatal` is set."""
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._notifier.run)
-            nursery.start_soon(self._expire_loop)
-            for f in self._fields:
-                nursery.start_soon(self._watch, f)
-            task_status.started()
+        is Forbidden and `forbidden_fatal` is set. Own writes through the client are seen
+        while it runs (read-your-writes)."""
+        with self._client.observe_writes(self._on_write):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._notifier.run)
+                nursery.start_soon(self._expire_loop)
+                for f in self._fields:
+                    nursery.start_soon(self._watch, f)
+                task_status.started()
 
     async def _resolve(self, f: _Field) -> Resource:
         delay = 1.0
@@ -245,15 +251,10 @@ class Accumulator:
         resource = await self._resolve(f)
         q = f.query
         namespace = q.namespace if resource.namespaced else None
+        request = WatchRequest(resource, namespace, q.label_selector, q.field_selector)
         while True:
             try:
-                await self._client.run_watch(
-                    resource,
-                    f.sink,
-                    namespace=namespace,
-                    label_selector=q.label_selector,
-                    field_selector=q.field_selector,
-                )
+                await self._watch_one(request, f.sink)
             except kube_errors.Forbidden as exc:
                 log.error(
                     "query list forbidden: served as empty",

@@ -2,10 +2,10 @@
 
 async with KubeClient(load_kubeconfig(path)) as client:
     cm = await client.get(CONFIGMAPS, "name", "ns", into=ConfigMap)
+    await run_watch(client, WatchRequest(CONFIGMAPS, namespace="ns"), sink)  # raw bytes to sink
 """
 
-from nodeagent.kube.client import KubeClient, ListPage, ListResult, WriteEvent
-from nodeagent.kube.informer import Event, Informer, ObjectCache, relist_diff
+from nodeagent.kube.client import KubeClient, ListPage, ListResult, WatchOptions, WriteEvent
 from nodeagent.kube.kubeconfig import ClusterConfig, in_cluster_config, load_kubeconfig
 from nodeagent.kube.resource import (
     CONFIGMAPS,
@@ -19,7 +19,14 @@ from nodeagent.kube.resource import (
     Resource,
 )
 from nodeagent.kube.settings import KubeSettings, load_client
-from nodeagent.kube.watch import FeedResult, WatchError, WatchSink
+from nodeagent.kube.watch import (
+    FeedResult,
+    ListFailureSink,
+    WatchError,
+    WatchRequest,
+    WatchSink,
+    run_watch,
+)
 
 __all__ = [
     "CONFIGMAPS",
@@ -31,20 +38,20 @@ __all__ = [
     "NODES",
     "RESOURCESLICES",
     "ClusterConfig",
-    "Event",
     "FeedResult",
-    "Informer",
     "KubeClient",
     "KubeSettings",
+    "ListFailureSink",
     "ListPage",
     "ListResult",
-    "ObjectCache",
     "Resource",
     "WatchError",
+    "WatchOptions",
+    "WatchRequest",
     "WatchSink",
     "WriteEvent",
     "in_cluster_config",
     "load_client",
     "load_kubeconfig",
-    "relist_diff",
+    "run_watch",
 ]

@@ -1,32 +1,28 @@
-"""The Kubernetes API client: httpx on Trio, msgspec models, typed errors, rate limiting,
-retries, rotating credentials and a write-observer hook. Watches live in `watch`."""
+"""The Kubernetes API client: typed verbs (get, list, create, update, patch, apply, delete,
+discovery) over the `Transport` (httpx on Trio, rate limiting, retries, rotating credentials),
+and write observers. Watches live in `watch`, which uses the client; the client knows nothing
+of them but the options they run with."""
 
 from __future__ import annotations
 
 import builtins
 import random
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, Literal, NoReturn, Self, TypeVar, cast, overload
+from typing import Any, Generic, Literal, Self, TypeVar, cast, overload
 
 import httpx
 import msgspec
 
 from nodeagent.kube import errors
-from nodeagent.kube.auth import TokenSource
 from nodeagent.kube.kubeconfig import ClusterConfig
 from nodeagent.kube.metrics import WRITE_OBSERVER_ERRORS
 from nodeagent.kube.models import ListHead, ObjectHead
-from nodeagent.kube.ratelimit import TokenBucket
 from nodeagent.kube.resource import Resource
 from nodeagent.kube.transport import Transport
 from nodeagent.log import get_logger
-
-if TYPE_CHECKING:
-    from nodeagent.kube.informer import Informer
-    from nodeagent.kube.watch import WatchSink
 
 log = get_logger(__name__)
 
@@ -54,6 +50,21 @@ class WriteEvent:
     namespace: str | None
     name: str
     obj: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class WatchOptions:
+    """How watches through a client run (see `nodeagent.kube.watch.run_watch`).
+
+    ``inactivity_timeout``: a watch silent this long (not even a bookmark) is reconnected.
+    ``server_timeout``: the range the server-side ``timeoutSeconds`` of each watch request is
+    drawn from (jittered so that watches opened together do not reconnect together).
+    ``backoff``: (initial, max) delay between failing watch or list attempts.
+    """
+
+    inactivity_timeout: float = 70.0
+    server_timeout: tuple[float, float] = (240.0, 300.0)
+    backoff: tuple[float, float] = (0.5, 30.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +127,8 @@ def encode_body(obj: Body) -> bytes:
     return obj if isinstance(obj, bytes) else _encoder.encode(obj)
 
 
-def _selector_params(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+def selector_params(label_selector: str | None, field_selector: str | None) -> dict[str, str]:
+    """The query parameters of a list, watch or deletecollection's selectors."""
     params: dict[str, str] = {}
     if label_selector:
         params["labelSelector"] = label_selector
@@ -125,22 +137,22 @@ def _selector_params(label_selector: str | None, field_selector: str | None) -> 
     return params
 
 
-class KubeClient:
+class KubeClient(Transport):
     """An async Kubernetes API client; use as ``async with KubeClient(config) as client``.
 
     Reads return raw JSON bytes, or a decoded struct when ``into=`` names a type. Writes take
     bytes, a dict or a struct the caller built (never a decoded view: it lacks the fields the
-    view does not declare).
+    view does not declare). Any other call goes through `Transport.request` / `.stream`, which
+    the client is.
 
     ``qps``/``burst``: the token bucket every request, list and watch (re)connect shares.
     ``request_timeout``: deadline of one unary attempt. ``max_attempts``, ``retry_backoff``
     (initial, max seconds): bounded retries of unary calls; ``max_retry_after`` caps a server's
-    Retry-After. ``watch_inactivity_timeout``: a watch silent this long is reconnected;
-    ``watch_timeout``: the range the server-side ``timeoutSeconds`` is drawn from;
-    ``watch_backoff``: (initial, max) delay between failing watch attempts. ``page_size``:
-    ``limit`` of list pages. ``token_reread_interval``: token files are re-read this often (and
-    after a 401). ``exec_skew``: exec credentials are renewed this long before they expire.
-    ``transport``: an httpx transport to use instead of real connections (tests).
+    Retry-After (watches included). ``watch``: how watches through this client run
+    (`WatchOptions`). ``page_size``: ``limit`` of list pages. ``token_reread_interval``: token
+    files are re-read this often (and after a 401). ``exec_skew``: exec credentials are renewed
+    this long before they expire. ``transport``: an httpx transport to use instead of real
+    connections (tests).
     """
 
     def __init__(
@@ -151,9 +163,7 @@ class KubeClient:
         burst: int = 40,
         request_timeout: float = 30.0,
         connect_timeout: float = 10.0,
-        watch_inactivity_timeout: float = 70.0,
-        watch_timeout: tuple[float, float] = (240.0, 300.0),
-        watch_backoff: tuple[float, float] = (0.5, 30.0),
+        watch: WatchOptions | None = None,
         max_attempts: int = 5,
         retry_backoff: tuple[float, float] = (0.2, 5.0),
         max_retry_after: float = 60.0,
@@ -163,14 +173,7 @@ class KubeClient:
         rng: random.Random | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.config = config
-        self.watch_inactivity_timeout = watch_inactivity_timeout
-        self.watch_timeout = watch_timeout
-        self.watch_backoff = watch_backoff
-        self.max_retry_after = max_retry_after
-        self.page_size = page_size
-        self.rng = rng or random.Random()
-        self.transport = Transport(
+        super().__init__(
             config,
             qps=qps,
             burst=burst,
@@ -181,16 +184,18 @@ class KubeClient:
             max_retry_after=max_retry_after,
             token_reread_interval=token_reread_interval,
             exec_skew=exec_skew,
-            rng=self.rng,
+            rng=rng or random.Random(),
             transport=transport,
         )
+        self.watch_options = watch or WatchOptions()
+        self.page_size = page_size
         self._observers: builtins.list[Callable[[WriteEvent], None]] = []
         self._discovery: dict[str, dict[str, Resource]] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
-        self.transport.open()
+        self.open()
         return self
 
     async def __aexit__(
@@ -201,73 +206,30 @@ class KubeClient:
     ) -> None:
         await self.aclose()
 
-    async def aclose(self) -> None:
-        await self.transport.aclose()
-
     # -- write observers ------------------------------------------------------------------
 
-    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
-        """Call ``fn`` after every successful write made through this client."""
+    @contextmanager
+    def observe_writes(self, fn: Callable[[WriteEvent], None]) -> Iterator[None]:
+        """Call ``fn`` after every successful write made through this client, until the block
+        ends: an observer lives exactly as long as the task that holds it, so a restarted
+        consumer never leaves its predecessor's observer behind."""
         self._observers.append(fn)
+        try:
+            yield
+        finally:
+            self._observers.remove(fn)
 
     def _notify(
         self, resource: Resource, verb: Verb, namespace: str | None, name: str, obj: bytes | None
     ) -> None:
         event = WriteEvent(resource, verb, namespace, name, obj)
-        for fn in self._observers:
+        # A copy: an observer may end its own (or another's) observation while being called.
+        for fn in tuple(self._observers):
             try:
                 fn(event)
             except Exception as exc:
                 WRITE_OBSERVER_ERRORS.inc()
                 log.exception("write observer failed", observer=repr(fn), error=str(exc))
-
-    # -- transport ------------------------------------------------------------------------
-
-    @property
-    def limiter(self) -> TokenBucket:
-        return self.transport.limiter
-
-    @property
-    def tokens(self) -> TokenSource | None:
-        return self.transport.tokens
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        params: Mapping[str, str] | None = None,
-        body: bytes | None = None,
-        content_type: str | None = None,
-        verb: str = "",
-        resource: str = "",
-        idempotent: bool = True,
-    ) -> bytes:
-        """Any API call, with rate limiting, auth refresh and retries; see `Transport`."""
-        return await self.transport.request(
-            method,
-            path,
-            params=params,
-            body=body,
-            content_type=content_type,
-            verb=verb,
-            resource=resource,
-            idempotent=idempotent,
-        )
-
-    def stream(
-        self,
-        path: str,
-        params: Mapping[str, str],
-        *,
-        read_timeout: float,
-        verb: str = "watch",
-        resource: str = "",
-    ) -> AbstractAsyncContextManager[httpx.Response]:
-        """A streaming GET, one attempt; see `Transport.stream`."""
-        return self.transport.stream(
-            path, params, read_timeout=read_timeout, verb=verb, resource=resource
-        )
 
     # -- reads ----------------------------------------------------------------------------
 
@@ -317,7 +279,7 @@ class KubeClient:
         page_size: int | None = None,
     ) -> AsyncIterator[ListPage]:
         """The raw List bodies of a paged list (``limit``/``continue``), one per page."""
-        params = _selector_params(label_selector, field_selector)
+        params = selector_params(label_selector, field_selector)
         params["limit"] = str(page_size or self.page_size)
         path = resource.path(namespace)
         while True:
@@ -673,7 +635,7 @@ class KubeClient:
         data = await self.request(
             "DELETE",
             resource.path(namespace),
-            params=_selector_params(label_selector, field_selector),
+            params=selector_params(label_selector, field_selector),
             body=_delete_options(None, None, propagation_policy, None),
             content_type=_JSON,
             verb="deletecollection",
@@ -693,55 +655,6 @@ class KubeClient:
             else:
                 meta = _head_decoder.decode(item).metadata
                 self._notify(resource, "delete", meta.namespace or namespace, meta.name, None)
-
-    # -- watches --------------------------------------------------------------------------
-
-    async def run_watch(
-        self,
-        resource: Resource,
-        sink: WatchSink,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        on_synced: Callable[[], None] | None = None,
-    ) -> NoReturn:
-        """List then watch ``resource`` forever, feeding raw bytes to ``sink``; see
-        `nodeagent.kube.watch.run_watch`."""
-        from nodeagent.kube.watch import run_watch
-
-        await run_watch(
-            self,
-            resource,
-            sink,
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            on_synced=on_synced,
-        )
-
-    def informer(
-        self,
-        resource: Resource,
-        *,
-        into: type[T],
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        buffer: int = 1024,
-    ) -> Informer[T]:
-        """Decoded watch events: ``async with client.informer(RES, into=T) as events``."""
-        from nodeagent.kube.informer import Informer
-
-        return Informer(
-            self,
-            resource,
-            into=into,
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            buffer=buffer,
-        )
 
 
 _typed_lists: dict[Any, type[Any]] = {}

@@ -9,7 +9,7 @@ from typing import Literal
 import msgspec
 
 from nodeagent.config.errors import ConfigError
-from nodeagent.kube.client import KubeClient
+from nodeagent.kube.client import KubeClient, WatchOptions
 from nodeagent.kube.kubeconfig import (
     SERVICE_ACCOUNT_DIR,
     in_cluster_available,
@@ -85,6 +85,6 @@ def load_client(
         qps=settings.qps,
         burst=settings.burst,
         request_timeout=settings.request_timeout,
-        watch_inactivity_timeout=settings.watch_inactivity_timeout,
+        watch=WatchOptions(inactivity_timeout=settings.watch_inactivity_timeout),
         max_attempts=settings.max_attempts,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
@@ -42,7 +42,8 @@ class _Http:
 
 
 class Transport:
-    """Sends API requests for one `KubeClient`; see `KubeClient` for the parameters."""
+    """Sends API requests: the base of `KubeClient`, which adds the typed verbs; see it for
+    the parameters."""
 
     def __init__(
         self,
@@ -235,8 +236,7 @@ class Transport:
             log.debug("retrying", verb=verb, path=path, code=code, delay=delay)
             await trio.sleep(delay)
 
-    @asynccontextmanager
-    async def stream(
+    def stream(
         self,
         path: str,
         params: Mapping[str, str],
@@ -244,9 +244,16 @@ class Transport:
         read_timeout: float,
         verb: str = "watch",
         resource: str = "",
-    ) -> AsyncIterator[httpx.Response]:
+    ) -> AbstractAsyncContextManager[httpx.Response]:
         """A streaming GET (one attempt; the watch loop owns retries). ``read_timeout`` bounds
         the wait for each chunk, so a silently dead stream raises `TransportError`."""
+        # The plain context-manager type, so that subclasses (tests) may wrap the stream.
+        return self._stream(path, params, read_timeout, verb, resource)
+
+    @asynccontextmanager
+    async def _stream(
+        self, path: str, params: Mapping[str, str], read_timeout: float, verb: str, resource: str
+    ) -> AsyncIterator[httpx.Response]:
         reauthenticated = False
         while True:
             RATE_LIMIT_WAIT.observe(await self.limiter.acquire())

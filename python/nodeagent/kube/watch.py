@@ -6,27 +6,39 @@ from the newest resourceVersion seen; only a 410 (at watch start or as an ERROR 
 Forbidden watch (its relist tells whether access was revoked) relists, and then the sink reports
 the difference. The loop never parses an event itself: the sink's `FeedResult` tells it the
 newest resourceVersion and any ERROR event.
+
+`run_watch(client, WatchRequest(...), sink)` is the one way to watch: the request says what,
+the client's `WatchOptions` say how.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn, Protocol, runtime_checkable
+from typing import NoReturn, Protocol, runtime_checkable
 
 import httpx
 import trio
 
 from nodeagent.kube import errors
 from nodeagent.kube.backoff import Backoff
+from nodeagent.kube.client import KubeClient, selector_params
 from nodeagent.kube.metrics import WATCH_EVENTS, WATCH_RELISTS, WATCH_RESTARTS
 from nodeagent.kube.resource import Resource
 from nodeagent.log import get_logger
 
-if TYPE_CHECKING:
-    from nodeagent.kube.client import KubeClient
-
 log = get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class WatchRequest:
+    """What to list and watch: a resource, in one namespace (None: all, or a cluster-scoped
+    resource), narrowed by label and field selectors."""
+
+    resource: Resource
+    namespace: str | None = None
+    label_selector: str | None = None
+    field_selector: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,22 +84,12 @@ class ListFailureSink(Protocol):
 
 
 class _Watch:
-    def __init__(
-        self,
-        client: KubeClient,
-        resource: Resource,
-        sink: WatchSink,
-        namespace: str | None,
-        label_selector: str | None,
-        field_selector: str | None,
-    ) -> None:
+    def __init__(self, client: KubeClient, request: WatchRequest, sink: WatchSink) -> None:
         self.client = client
-        self.resource = resource
+        self.options = client.watch_options
+        self.request = request
         self.sink = sink
-        self.namespace = namespace
-        self.label_selector = label_selector
-        self.field_selector = field_selector
-        self.label = resource.plural
+        self.label = request.resource.plural
         self.rv: str | None = None
         self.healthy = False
         self.retry_after: float | None = None
@@ -96,11 +98,12 @@ class _Watch:
         WATCH_RELISTS.labels(self.label).inc()
         await self.sink.begin_list()
         rv = ""
+        req = self.request
         async for page in self.client.list_pages(
-            self.resource,
-            self.namespace,
-            label_selector=self.label_selector,
-            field_selector=self.field_selector,
+            req.resource,
+            req.namespace,
+            label_selector=req.label_selector,
+            field_selector=req.field_selector,
         ):
             await self.sink.list_page(page.body)
             rv = page.resource_version
@@ -114,23 +117,20 @@ class _Watch:
         """One watch connection from ``rv``; returns why it ended (the metric's reason)."""
         self.healthy = False
         self.retry_after = None
-        lo, hi = self.client.watch_timeout
+        lo, hi = self.options.server_timeout
         params = {
             "watch": "true",
             "allowWatchBookmarks": "true",
             "resourceVersion": rv,
             # Jittered so that many watches opened together do not all reconnect together.
             "timeoutSeconds": str(max(1, round(self.client.rng.uniform(lo, hi)))),
+            **selector_params(self.request.label_selector, self.request.field_selector),
         }
-        if self.label_selector:
-            params["labelSelector"] = self.label_selector
-        if self.field_selector:
-            params["fieldSelector"] = self.field_selector
         try:
             async with self.client.stream(
-                self.resource.path(self.namespace),
+                self.request.resource.path(self.request.namespace),
                 params,
-                read_timeout=self.client.watch_inactivity_timeout,
+                read_timeout=self.options.inactivity_timeout,
                 resource=self.label,
             ) as resp:
                 try:
@@ -150,7 +150,7 @@ class _Watch:
             log.warning(
                 "watch inactive: reconnecting",
                 resource=self.label,
-                timeout=self.client.watch_inactivity_timeout,
+                timeout=self.options.inactivity_timeout,
             )
             return "inactivity"
         except httpx.TransportError as exc:
@@ -192,23 +192,21 @@ class _Watch:
 
 async def run_watch(
     client: KubeClient,
-    resource: Resource,
+    request: WatchRequest,
     sink: WatchSink,
     *,
-    namespace: str | None = None,
-    label_selector: str | None = None,
-    field_selector: str | None = None,
     on_synced: Callable[[], None] | None = None,
 ) -> NoReturn:
-    """List then watch until cancelled. ``on_synced`` runs after the first complete list.
+    """List then watch ``request`` through ``client`` until cancelled, feeding raw bytes to
+    ``sink``, with the client's `WatchOptions`. ``on_synced`` runs after the first complete list.
 
     A failed list is retried with backoff (and reported to a `ListFailureSink`), except
     `Forbidden`, which is raised: whether to go on without that resource is the caller's
     decision. A Forbidden watch (access revoked after the list) relists after the backoff, so
     it ends the same way.
     """
-    w = _Watch(client, resource, sink, namespace, label_selector, field_selector)
-    backoff = Backoff(*client.watch_backoff, rng=client.rng)
+    w = _Watch(client, request, sink)
+    backoff = Backoff(*client.watch_options.backoff, rng=client.rng)
     synced = False
     while True:
         if w.rv is None:

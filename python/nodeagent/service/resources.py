@@ -6,68 +6,26 @@ client.
 Standalone: a publisher without a client, whose desired slices the ops endpoint shows.
 
 Each run builds a fresh accumulator and publisher: a restarted component starts from a clean
-observed state and, thanks to the start-up grace, deletes nothing up front. The client offers no
-way to remove a write observer, so the component registers one forwarder once and points it at
-the current accumulator; restarts do not pile up observers.
+observed state and, thanks to the start-up grace, deletes nothing up front. The accumulator
+observes the client's writes only while it runs, so restarts do not pile up observers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NoReturn
+from collections.abc import Mapping
+from typing import Any
 
 import trio
 
 from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
-from nodeagent.kube.client import KubeClient, WriteEvent
-from nodeagent.kube.resource import Resource
-from nodeagent.kube.watch import WatchSink
+from nodeagent.kube.client import KubeClient
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.component import Readiness
 
 __all__ = ["ResourcesComponent", "slice_summary"]
-
-
-class _SharedClient:
-    """The accumulator's view of the shared client: watches go straight through, its write
-    observer is swapped in per run."""
-
-    def __init__(self, client: KubeClient) -> None:
-        self._client = client
-        self._observer: Callable[[WriteEvent], None] | None = None
-        client.add_write_observer(self._forward)
-
-    def _forward(self, event: WriteEvent) -> None:
-        if self._observer is not None:
-            self._observer(event)
-
-    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
-        self._observer = fn
-
-    async def run_watch(
-        self,
-        resource: Resource,
-        sink: WatchSink,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        on_synced: Callable[[], None] | None = None,
-    ) -> NoReturn:
-        await self._client.run_watch(
-            resource,
-            sink,
-            namespace=namespace,
-            label_selector=label_selector,
-            field_selector=field_selector,
-            on_synced=on_synced,
-        )
-
-    async def discover(self, api_version: str, kind: str) -> Resource:
-        return await self._client.discover(api_version, kind)
 
 
 class ResourcesComponent:
@@ -87,7 +45,6 @@ class ResourcesComponent:
         self._settings = settings
         self._accumulator_settings = accumulator_settings
         self._client = client
-        self._watch_client = _SharedClient(client) if client is not None else None
         self.accumulator: Accumulator | None = None
         self.publisher: Publisher | None = None
 
@@ -96,14 +53,12 @@ class ResourcesComponent:
         return self._client is None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        if self._client is None or self._watch_client is None:
+        if self._client is None:
             self.publisher = Publisher(node_name=self.node_name, inventories=self._inventories)
             await self.publisher.run(task_status=task_status)
             return
         acc = Accumulator(
-            self._watch_client,
-            publisher_queries(self.node_name),
-            self._accumulator_settings,
+            self._client, publisher_queries(self.node_name), self._accumulator_settings
         )
         pub = Publisher(
             node_name=self.node_name,

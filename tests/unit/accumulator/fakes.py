@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import NoReturn
 
 import trio
@@ -10,7 +11,7 @@ import trio
 from nodeagent.kube import errors
 from nodeagent.kube.client import WriteEvent
 from nodeagent.kube.resource import CONFIGMAPS, NODES, Resource
-from nodeagent.kube.watch import WatchSink
+from nodeagent.kube.watch import WatchRequest, WatchSink
 
 WIDGETS = Resource(
     group="example.com", version="v1", plural="widgets", kind="Widget", namespaced=True
@@ -37,20 +38,13 @@ class FakeClient:
     def started(self, plural: str) -> trio.Event:
         return self._started.setdefault(plural, trio.Event())
 
-    async def run_watch(
-        self,
-        resource: Resource,
-        sink: WatchSink,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        on_synced: Callable[[], None] | None = None,
-    ) -> NoReturn:
+    async def run_watch(self, request: WatchRequest, sink: WatchSink) -> NoReturn:
+        """The accumulator's ``watch=``."""
+        resource = request.resource
         self.watch_args[resource.plural] = {
-            "namespace": namespace,
-            "label_selector": label_selector,
-            "field_selector": field_selector,
+            "namespace": request.namespace,
+            "label_selector": request.label_selector,
+            "field_selector": request.field_selector,
         }
         if resource.plural in self.forbidden:
             raise errors.Forbidden(403, "Forbidden", f"cannot list {resource.plural}")
@@ -67,8 +61,13 @@ class FakeClient:
         self._started.pop(plural, None)
         self._revoked.pop(plural, trio.Event()).set()
 
-    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
+    @contextmanager
+    def observe_writes(self, fn: Callable[[WriteEvent], None]) -> Iterator[None]:
         self.observers.append(fn)
+        try:
+            yield
+        finally:
+            self.observers.remove(fn)
 
     def write(self, ev: WriteEvent) -> None:
         for fn in self.observers:

@@ -60,7 +60,9 @@ async def running(
     queries: list[Query[Any]] | None = None, **settings: Any
 ) -> AsyncIterator[tuple[Accumulator, FakeClient]]:
     client = FakeClient()
-    acc = Accumulator(client, queries or [CMS, WIDGETS_Q], AccumulatorSettings(**settings))
+    acc = Accumulator(
+        client, queries or [CMS, WIDGETS_Q], AccumulatorSettings(**settings), watch=client.run_watch
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(acc.run)
         yield acc, client
@@ -435,7 +437,7 @@ async def test_cancellation_mid_list_and_mid_wait_ends_the_accumulator_at_once(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     client = FakeClient()
-    acc = Accumulator(client, [CMS, WIDGETS_Q], AccumulatorSettings())
+    acc = Accumulator(client, [CMS, WIDGETS_Q], AccumulatorSettings(), watch=client.run_watch)
     waiter_cancelled = trio.Event()
 
     async def consumer() -> None:
@@ -462,7 +464,9 @@ async def test_cancellation_mid_list_and_mid_wait_ends_the_accumulator_at_once(
 async def test_forbidden_counts_as_synced_empty(autojump_clock: trio.testing.MockClock) -> None:
     client = FakeClient()
     client.forbidden.add("widgets")
-    acc = Accumulator(client, [CMS, WIDGETS_Q], AccumulatorSettings(forbidden_retry=100))
+    acc = Accumulator(
+        client, [CMS, WIDGETS_Q], AccumulatorSettings(forbidden_retry=100), watch=client.run_watch
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(acc.run)
         await synced(await client.sink("configmaps"), obj("a", 1))
@@ -494,7 +498,9 @@ async def test_forbidden_counts_as_synced_empty(autojump_clock: trio.testing.Moc
 async def test_forbidden_fatal(autojump_clock: trio.testing.MockClock) -> None:
     client = FakeClient()
     client.forbidden.add("widgets")
-    acc = Accumulator(client, [CMS, WIDGETS_Q], AccumulatorSettings(forbidden_fatal=True))
+    acc = Accumulator(
+        client, [CMS, WIDGETS_Q], AccumulatorSettings(forbidden_fatal=True), watch=client.run_watch
+    )
     with pytest.RaisesGroup(
         pytest.RaisesExc(QueryForbiddenError, match="widgets"), flatten_subgroups=True
     ):
@@ -631,6 +637,21 @@ def test_invalid_settings_and_queries() -> None:
         Accumulator(FakeClient(), [CMS, CMS])
     with pytest.raises(msgspec.ValidationError):
         msgspec.convert({"max_interval": 1, "nope": 2}, AccumulatorSettings)
+    with pytest.raises(TypeError, match="FakeClient is not a KubeClient: pass watch="):
+        Accumulator(FakeClient(), [CMS])
+
+
+async def test_own_writes_are_observed_only_while_running(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    client = FakeClient()
+    acc = Accumulator(client, [CMS, WIDGETS_Q], watch=client.run_watch)
+    assert client.observers == []  # built but not running: nothing to keep up to date
+    async with trio.open_nursery() as nursery:
+        await nursery.start(acc.run)
+        assert client.observers == [acc._on_write]
+        nursery.cancel_scope.cancel()
+    assert client.observers == []  # a stopped accumulator leaves nothing behind
 
 
 # -- issue 9: stuck relists, re-created objects, Forbidden after a good list ----------------

@@ -209,3 +209,26 @@ async def test_write_arguments_are_checked() -> None:
             await client.patch(CONFIGMAPS, "x", {}, "ns", force=True)
         with pytest.raises(ValueError, match="cluster-scoped"):
             await client.get(NODES, "n", "ns")
+
+
+async def test_write_observers_see_writes_only_while_observing() -> None:
+    first: list[str] = []
+    second: list[str] = []
+    async with mock_client(Script(CREATED)) as client:
+        with client.observe_writes(lambda e: first.append(e.verb)):
+            with client.observe_writes(lambda e: second.append(e.verb)):
+                await client.create(CONFIGMAPS, {"metadata": {"name": "x"}}, "ns")
+            await client.create(CONFIGMAPS, {"metadata": {"name": "x"}}, "ns")
+        await client.create(CONFIGMAPS, {"metadata": {"name": "x"}}, "ns")
+        assert not client._observers
+    assert (first, second) == (["create", "create"], ["create"])
+
+
+async def test_an_observer_that_fails_is_still_removed() -> None:
+    async with mock_client(Script(CREATED)) as client:
+        with (
+            pytest.raises(RuntimeError, match="consumer failed"),
+            client.observe_writes(lambda e: None),
+        ):
+            raise RuntimeError("consumer failed")
+        assert not client._observers

@@ -8,7 +8,7 @@ import json
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodeagent.kube.informer import EventType, ObjectCache, relist_diff
+from tests.support.informer import EventType, ObjectCache, relist_diff
 
 keys = st.sampled_from([f"k{i}" for i in range(8)])
 rvs = st.sampled_from(["1", "2", "3"])

@@ -11,11 +11,20 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.kube import CONFIGMAPS, KubeClient, ObjectCache, errors
-from nodeagent.kube.informer import EventType
+from nodeagent.kube import (
+    CONFIGMAPS,
+    KubeClient,
+    ListFailureSink,
+    WatchOptions,
+    WatchRequest,
+    errors,
+    run_watch,
+)
 from nodeagent.kube.kubeconfig import ClusterConfig
-from nodeagent.kube.watch import ListFailureSink
+from tests.support.informer import EventType, Informer, ObjectCache
 from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, obj, status
+
+NS_CONFIGMAPS = WatchRequest(CONFIGMAPS, "ns")
 
 
 class Sink(ObjectCache):
@@ -37,9 +46,7 @@ async def _run(fake: FakeCluster, until: Any, **kwargs: Any) -> tuple[Sink, int]
         synced += 1
 
     async with mock_client(fake, **kwargs) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(
-            lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns", on_synced=on_synced)
-        )
+        nursery.start_soon(lambda: run_watch(client, NS_CONFIGMAPS, sink, on_synced=on_synced))
         await fake.wait(until)
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
@@ -77,7 +84,7 @@ async def test_error_event_410_relists_and_reports_difference(
     fake.scripts = [[line("ERROR", expired)]]
     async with mock_client(fake) as client, trio.open_nursery() as nursery:
         sink = Sink()
-        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns"))
+        nursery.start_soon(lambda: run_watch(client, NS_CONFIGMAPS, sink))
         await fake.wait(lambda: len(fake.watches) == 1)
         relisted()
         await fake.wait(lambda: len(fake.watches) == 2)
@@ -106,7 +113,7 @@ async def test_failed_list_retried_with_backoff_but_forbidden_raised(
     # max_attempts=1: each failed list is one request, then the watch loop's own backoff.
     async with mock_client(fake, max_attempts=1) as client:
         with pytest.raises(errors.Forbidden, match="no"):
-            await client.run_watch(CONFIGMAPS, Sink(), namespace="ns")
+            await run_watch(client, NS_CONFIGMAPS, Sink())
     gaps = [b - a for a, b in zip(fake.lists, fake.lists[1:], strict=False)]
     assert [round(g, 3) > 0 for g in gaps] == [True] * 3
     assert gaps[0] <= 0.5 < gaps[2]  # 0.5 s growing toward 30 s, jittered
@@ -155,12 +162,11 @@ async def test_watch_request_parameters(
         return await fake(request)
 
     sink = Sink()
-    async with mock_client(spy, watch_timeout=(240, 300)) as client, trio.open_nursery() as n:
-        n.start_soon(
-            lambda: client.run_watch(
-                CONFIGMAPS, sink, namespace="ns", label_selector="a=b", field_selector="x=y"
-            )
-        )
+    async with (
+        mock_client(spy, watch=WatchOptions(server_timeout=(240, 300))) as client,
+        trio.open_nursery() as n,
+    ):
+        n.start_soon(lambda: run_watch(client, WatchRequest(CONFIGMAPS, "ns", "a=b", "x=y"), sink))
         await fake.wait(lambda: len(fake.watches) == 1)
         n.cancel_scope.cancel()
     listing, watch = seen
@@ -210,8 +216,10 @@ async def test_silent_stream_detected_by_inactivity_timeout() -> None:
         )
         port = listeners[0].socket.getsockname()[1]
         cfg = ClusterConfig(server=f"http://127.0.0.1:{port}")
-        async with KubeClient(cfg, watch_inactivity_timeout=0.3, watch_backoff=(0.01, 0.02)) as c:
-            nursery.start_soon(lambda: c.run_watch(CONFIGMAPS, Sink(), namespace="ns"))
+        async with KubeClient(
+            cfg, watch=WatchOptions(inactivity_timeout=0.3, backoff=(0.01, 0.02))
+        ) as c:
+            nursery.start_soon(lambda: run_watch(c, NS_CONFIGMAPS, Sink()))
             start = trio.current_time()
             with trio.fail_after(10):
                 await second_watch.wait()
@@ -260,7 +268,7 @@ async def test_informer_yields_decoded_events_and_relist_difference(
     seen: list[tuple[str, str, str]] = []
     async with (
         mock_client(server) as client,
-        client.informer(CONFIGMAPS, into=ConfigMap, namespace="ns") as events,
+        Informer(client, NS_CONFIGMAPS, into=ConfigMap) as events,
     ):
         async for ev in events:
             assert isinstance(ev.object, ConfigMap) and ev.raw.startswith(b"{")
@@ -292,7 +300,7 @@ async def test_list_failures_are_reported_to_a_sink_that_asks(
     fake.list_errors = [status(500, "InternalError", "etcd"), status(503, "Unavailable", "busy")]
     sink = ReportingSink()
     async with mock_client(fake, max_attempts=1) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns"))
+        nursery.start_soon(lambda: run_watch(client, NS_CONFIGMAPS, sink))
         await fake.wait(lambda: len(fake.watches) == 1)
         nursery.cancel_scope.cancel()
     assert [msg for msg, _ in sink.failures] == ["500 InternalError: etcd", "503 Unavailable: busy"]
@@ -321,7 +329,7 @@ async def test_forbidden_watch_relists_and_a_forbidden_relist_is_raised(
     sink = Sink()
     async with mock_client(server, max_attempts=1) as client:
         with trio.fail_after(60), pytest.raises(errors.Forbidden, match="revoked"):
-            await client.run_watch(CONFIGMAPS, sink, namespace="ns")
+            await run_watch(client, NS_CONFIGMAPS, sink)
     assert len(fake.watches) == 1 and len(fake.lists) == 2
 
 
@@ -338,7 +346,7 @@ async def test_transiently_forbidden_watch_relists_and_resumes(
 
     sink = Sink()
     async with mock_client(server, max_attempts=1) as client, trio.open_nursery() as nursery:
-        nursery.start_soon(lambda: client.run_watch(CONFIGMAPS, sink, namespace="ns"))
+        nursery.start_soon(lambda: run_watch(client, NS_CONFIGMAPS, sink))
         await fake.wait(lambda: len(fake.watches) == 2)
         nursery.cancel_scope.cancel()
     assert [rv for _, rv in fake.watches] == ["10", "12"]  # relisted, then watched from there

@@ -1,29 +1,19 @@
-"""The resources component: readiness through its states, the observer forwarder across
-restarts, and the /v1/resourceslices view."""
+"""The resources component: readiness through its states, write observers across restarts,
+and the /v1/resourceslices view."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import trio
 import trio.testing
 
 from nodeagent.accumulator.settings import AccumulatorSettings
-from nodeagent.kube.client import WriteEvent
 from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.resources import ResourcesComponent, slice_summary
-
-
-class ObservedClient:
-    """Only what the forwarder touches at construction: observer registration."""
-
-    def __init__(self) -> None:
-        self.observers: list[Callable[[WriteEvent], None]] = []
-
-    def add_write_observer(self, fn: Callable[[WriteEvent], None]) -> None:
-        self.observers.append(fn)
+from tests.unit.kube.kube_fakes import FakeCluster, mock_client
 
 
 def component(client: Any = None) -> ResourcesComponent:
@@ -52,27 +42,26 @@ async def test_standalone_is_ready_and_shows_an_empty_view(
         nursery.cancel_scope.cancel()
 
 
-def test_one_forwarder_per_client_whatever_the_restarts() -> None:
-    client = ObservedClient()
-    comp = component(client)
-    assert len(client.observers) == 1
-    assert comp.view()["sync"] == {
-        "observed_complete": False,
-        "synced": False,
-        "pending_pools": 0,
-        "blocked": None,
-        "failing_pools": [],
-        "not_ready_reason": "starting",
-    }
-    seen: list[WriteEvent] = []
-    watch = comp._watch_client
-    assert watch is not None
-    watch.add_write_observer(lambda e: seen.append(("old", e)))  # type: ignore[arg-type]
-    watch.add_write_observer(seen.append)  # a restarted accumulator replaces the old one
-    event = WriteEvent(None, "create", None, "s", b"{}")  # type: ignore[arg-type]
-    client.observers[0](event)
-    assert seen == [event]
-    assert len(client.observers) == 1
+async def test_each_run_observes_writes_only_while_it_runs(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with mock_client(FakeCluster()) as client:
+        comp = component(client)
+        assert comp.view()["sync"] == {
+            "observed_complete": False,
+            "synced": False,
+            "pending_pools": 0,
+            "blocked": None,
+            "failing_pools": [],
+            "not_ready_reason": "starting",
+        }
+        for _ in range(2):  # a restarted component builds a new accumulator
+            async with trio.open_nursery() as nursery:
+                await nursery.start(comp.run)
+                acc = comp.accumulator
+                assert acc is not None and client._observers == [acc._on_write]
+                nursery.cancel_scope.cancel()
+            assert client._observers == []  # restarts do not pile up observers
 
 
 def test_slice_summary_counts_slices_and_devices() -> None:

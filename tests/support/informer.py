@@ -1,4 +1,7 @@
-"""The plain-Python watch sink and the decoded-event API built on it.
+"""A plain-Python watch sink and a decoded-event API on it, for tests of the watch loop.
+
+The agent never touches a watch event object in Python (the Rust store ingests the raw bytes,
+see `nodeagent.accumulator`); these serve tests that want to see individual events.
 
 `ObjectCache` keeps what the Rust store keeps (namespace/name -> resourceVersion + raw object)
 and turns list pages and watch lines into ADDED / MODIFIED / DELETED events: an event whose
@@ -11,20 +14,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
 import trio
 from prometheus_client import Counter
 
+from nodeagent.kube.client import KubeClient
 from nodeagent.kube.errors import BadResponse
 from nodeagent.kube.models import ObjectHead, Status, WatchEvent
-from nodeagent.kube.resource import Resource
-from nodeagent.kube.watch import FeedResult, WatchError
+from nodeagent.kube.watch import FeedResult, WatchError, WatchRequest, run_watch
 from nodeagent.log import get_logger
-
-if TYPE_CHECKING:
-    from nodeagent.kube.client import KubeClient
 
 log = get_logger(__name__)
 
@@ -33,6 +33,7 @@ K = TypeVar("K", bound=Hashable)
 Key = tuple[str, str]
 EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
+# Process-wide like a real metric, so that tests read it as an operator would.
 BAD_EVENTS = Counter(
     "nodeagent_watch_bad_events_total",
     "Watch lines or list items that could not be decoded (skipped), by resource.",
@@ -179,52 +180,35 @@ class Event(Generic[T]):
 
 
 class Informer(Generic[T]):
-    """Decoded events of one watch: ``async for ev in informer``. `synced` is set after the
+    """Decoded events of one watch: ``async with Informer(client, WatchRequest(...), into=T)
+    as informer: async for ev in informer``. `synced` is set after the
     first complete list; `cache` holds the raw objects. If the watch fails for good (the list
     is Forbidden), iteration raises that error."""
 
     def __init__(
-        self,
-        client: KubeClient,
-        resource: Resource,
-        *,
-        into: type[T],
-        namespace: str | None,
-        label_selector: str | None,
-        field_selector: str | None,
-        buffer: int,
+        self, client: KubeClient, request: WatchRequest, *, into: type[T], buffer: int = 1024
     ) -> None:
         self._client = client
-        self._resource = resource
+        self._request = request
         self._decoder: msgspec.json.Decoder[T] = msgspec.json.Decoder(into)
-        self._selectors = (namespace, label_selector, field_selector)
-        self._buffer = buffer
         self.synced = trio.Event()
         self.error: BaseException | None = None
         self._send, self._recv = trio.open_memory_channel[Event[T]](buffer)
-        self.cache = ObjectCache(self._emit, resource=resource.plural)
+        self.cache = ObjectCache(self._emit, resource=request.resource.plural)
 
     async def _emit(self, type: EventType, raw: bytes) -> None:
         try:
             obj = self._decoder.decode(raw)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            BAD_EVENTS.labels(self._resource.plural).inc()
+            BAD_EVENTS.labels(self._request.resource.plural).inc()
             log.warning("object does not fit the informer type", error=str(exc))
             return
         await self._send.send(Event(type, obj, raw))
 
     async def _run(self) -> None:
-        namespace, label_selector, field_selector = self._selectors
         async with self._send:
             try:
-                await self._client.run_watch(
-                    self._resource,
-                    self.cache,
-                    namespace=namespace,
-                    label_selector=label_selector,
-                    field_selector=field_selector,
-                    on_synced=self.synced.set,
-                )
+                await run_watch(self._client, self._request, self.cache, on_synced=self.synced.set)
             except Exception as exc:
                 self.error = exc
 
