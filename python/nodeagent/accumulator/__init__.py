@@ -1,6 +1,11 @@
 """Multi-kind, coalescing, bootstrap-gated snapshots of cluster objects over the Rust store."""
 
-from nodeagent.accumulator.accumulator import Accumulator, QueryForbiddenError, Watch, WatchClient
+from nodeagent.accumulator.accumulator import (
+    Accumulator,
+    AccumulatorClient,
+    QueryForbiddenError,
+    Watch,
+)
 from nodeagent.accumulator.model import (
     Delta,
     DeltaType,
@@ -14,6 +19,7 @@ from nodeagent.accumulator.settings import AccumulatorSettings
 
 __all__ = [
     "Accumulator",
+    "AccumulatorClient",
     "AccumulatorSettings",
     "Delta",
     "DeltaType",
@@ -24,5 +30,4 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "Watch",
-    "WatchClient",
 ]

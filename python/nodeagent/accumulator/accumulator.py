@@ -46,7 +46,7 @@ Watch = Callable[[WatchRequest, WatchSink], Awaitable[NoReturn]]
 bound to a client (tests put a fake here)."""
 
 
-class WatchClient(Protocol):
+class AccumulatorClient(Protocol):
     """The part of `nodeagent.kube.KubeClient` the accumulator uses besides its watches."""
 
     async def discover(self, api_version: str, kind: str) -> Resource: ...
@@ -98,7 +98,7 @@ class _Field:
 class Accumulator:
     def __init__(
         self,
-        client: WatchClient,
+        client: AccumulatorClient,
         queries: Sequence[Query[Any]],
         settings: AccumulatorSettings | None = None,
         *,
