@@ -9,8 +9,9 @@ import sys
 from collections.abc import Sequence
 
 from nodeagent import __version__
-from nodeagent.config.errors import ConfigError
-from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, load_config, parse_set
+from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, parse_set
+from nodeagent.core.errors import ConfigError
+from nodeagent.service.config import load_config
 
 EXIT_OK = 0
 EXIT_FATAL = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 
 
 class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -1,13 +1,6 @@
-"""The one error type for invalid configuration."""
+"""Moved to `nodeagent.core.errors` (issue 10); this name stays until kube/ and plugins/ import
+the leaf."""
 
-from __future__ import annotations
+from nodeagent.core.errors import ConfigError
 
-
-class ConfigError(ValueError):
-    """A configuration value broke a rule. The message names the field, the value and the rule."""
-
-    def __init__(self, field: str, value: object, rule: str) -> None:
-        self.field = field
-        self.value = value
-        self.rule = rule
-        super().__init__(f"{field}: {value!r}: {rule}")
+__all__ = ["ConfigError"]

@@ -1,6 +1,10 @@
-"""Load the static configuration: TOML file, then flag overrides, then defaults, then validation.
+"""The static configuration file, whatever its schema: reading the TOML document, `--set`
+overrides, the defaults that depend on the environment (user, hostname), and translating
+msgspec's validation errors into `ConfigError`s naming the field (as a dotted TOML path), the
+value and the rule.
 
-Every failure is a `ConfigError` naming the field (as a dotted TOML path), the value and the rule.
+The composed schema (one table per package) and `load_config` live in the composition root,
+`nodeagent.service.config`: this package is a leaf that knows no other package's settings.
 """
 
 from __future__ import annotations
@@ -15,8 +19,7 @@ from typing import Any
 
 import msgspec
 
-from nodeagent.config.errors import ConfigError
-from nodeagent.config.schema import Config
+from nodeagent.core.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.toml"
 ROOT_STATE_DIR = "/var/lib/nodeagent"
@@ -151,8 +154,10 @@ def _lookup(raw: Any, parts: Sequence[str | int]) -> Any:
     return node
 
 
-def _struct_at(parts: Sequence[str | int]) -> type[msgspec.Struct] | None:
-    node: Any = Config
+def _struct_at(
+    root: type[msgspec.Struct], parts: Sequence[str | int]
+) -> type[msgspec.Struct] | None:
+    node: Any = root
     for p in parts:
         if not (isinstance(node, type) and issubclass(node, msgspec.Struct)) or isinstance(p, int):
             return None
@@ -163,8 +168,8 @@ def _struct_at(parts: Sequence[str | int]) -> type[msgspec.Struct] | None:
     return node if isinstance(node, type) and issubclass(node, msgspec.Struct) else None
 
 
-def _literal_choices(parts: Sequence[str | int]) -> list[str]:
-    owner = _struct_at(parts[:-1])
+def _literal_choices(root: type[msgspec.Struct], parts: Sequence[str | int]) -> list[str]:
+    owner = _struct_at(root, parts[:-1])
     if owner is None or not parts:
         return []
     for f in msgspec.structs.fields(owner):
@@ -173,7 +178,9 @@ def _literal_choices(parts: Sequence[str | int]) -> list[str]:
     return []
 
 
-def translate_validation_error(exc: msgspec.ValidationError, raw: Any) -> ConfigError:
+def translate_validation_error(
+    exc: msgspec.ValidationError, raw: Any, root: type[msgspec.Struct]
+) -> ConfigError:
     """`Expected float, got str - at $.plugins.scan_interval` -> ConfigError naming
     `plugins.scan_interval`, the offending value and the rule."""
     message = str(exc)
@@ -181,13 +188,13 @@ def translate_validation_error(exc: msgspec.ValidationError, raw: Any) -> Config
     parts = _split_path(at.rstrip("`"))
     unknown = re.fullmatch(r"Object contains unknown field `(.+)`", rule)
     if unknown:
-        owner = _struct_at(parts)
+        owner = _struct_at(root, parts)
         parts = [*parts, unknown.group(1)]
         rule = "unknown field"
         if owner is not None:
             rule += " (known: " + ", ".join(f.name for f in msgspec.structs.fields(owner)) + ")"
     elif rule.startswith("Invalid enum value"):
-        choices = _literal_choices(parts)
+        choices = _literal_choices(root, parts)
         if choices:
             rule += " (allowed: " + ", ".join(choices) + ")"
     rule = rule.replace("`", "")
@@ -195,26 +202,7 @@ def translate_validation_error(exc: msgspec.ValidationError, raw: Any) -> Config
     return ConfigError(_dotted(parts) or "(document)", _lookup(raw, parts), rule)
 
 
-def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -> Config:
-    agent = config.agent
-    node_name = agent.node_name or default_node_name(environment)
-    state_dir = agent.state_dir or default_state_dir(environment)
-    if not os.path.isabs(state_dir):
-        state_dir = os.path.abspath(state_dir)
-    agent = msgspec.structs.replace(agent, node_name=node_name, state_dir=state_dir)
-
-    plugins = config.plugins
-    raw_plugins = raw.get("plugins")
-    # Only an explicit registry_dir is kept: otherwise it lives under the (possibly per-user)
-    # state dir, so a non-root agent works without any configuration.
-    explicit = isinstance(raw_plugins, dict) and "registry_dir" in raw_plugins
-    registry_dir = plugins.registry_dir if explicit else REGISTRY_SUBDIR
-    registry_dir = os.path.join(state_dir, registry_dir)  # no-op for absolute paths
-    plugins = msgspec.structs.replace(plugins, registry_dir=os.path.normpath(registry_dir))
-    return msgspec.structs.replace(config, agent=agent, plugins=plugins)
-
-
-def _validate_section(section: str, settings: Any) -> None:
+def validate_section(section: str, settings: Any) -> None:
     try:
         settings.validate()
     except ConfigError as exc:
@@ -222,29 +210,3 @@ def _validate_section(section: str, settings: Any) -> None:
         raise ConfigError(name, exc.value, exc.rule) from None
     except ValueError as exc:  # a section that predates ConfigError: keep its message
         raise ConfigError(section, None, str(exc)) from None
-
-
-def build_config(
-    raw: dict[str, Any],
-    overrides: Sequence[Override] = (),
-    environment: Environment | None = None,
-) -> Config:
-    merged = apply_overrides(raw, overrides)
-    try:
-        config = msgspec.convert(merged, Config)
-    except msgspec.ValidationError as exc:
-        raise translate_validation_error(exc, merged) from None
-    config = _resolve(config, merged, environment or Environment.current())
-    for name in ("agent", "ops", "plugins", "kube", "accumulator", "resources"):
-        _validate_section(name, getattr(config, name))
-    return config
-
-
-def load_config(
-    path: str | None,
-    overrides: Sequence[Override] = (),
-    environment: Environment | None = None,
-) -> tuple[Config, str | None]:
-    """The effective configuration and the file it came from (None: defaults only)."""
-    raw, source = read_config_file(path)
-    return build_config(raw, overrides, environment), source

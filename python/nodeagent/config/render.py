@@ -1,4 +1,5 @@
-"""Render the effective configuration as TOML or JSON (for `check-config` and `/v1/config`)."""
+"""Render an effective configuration (any msgspec struct of tables) as TOML or JSON, for
+`check-config` and `/v1/config`."""
 
 from __future__ import annotations
 
@@ -8,15 +9,13 @@ from typing import Any
 
 import msgspec
 
-from nodeagent.config.schema import Config
 
-
-def to_builtins(config: Config) -> dict[str, Any]:
+def to_builtins(config: msgspec.Struct) -> dict[str, Any]:
     out: dict[str, Any] = msgspec.to_builtins(config)
     return out
 
 
-def to_json(config: Config) -> str:
+def to_json(config: msgspec.Struct) -> str:
     return json.dumps(to_builtins(config), indent=2, sort_keys=False) + "\n"
 
 
@@ -58,7 +57,7 @@ def _table(name: str, doc: dict[str, Any], lines: list[str]) -> None:
         _table(sub_name, sub, lines)
 
 
-def to_toml(config: Config) -> str:
+def to_toml(config: msgspec.Struct) -> str:
     lines: list[str] = []
     for name, section in to_builtins(config).items():
         _table(name, section, lines)

@@ -1,41 +1,5 @@
-"""A "latest value" channel: the newest value wins, readers wait for a newer version."""
+"""Moved to `nodeagent.core.latest` (issue 10); this name stays until plugins/ imports the leaf."""
 
-from __future__ import annotations
-
-from typing import Generic, TypeVar
-
-import trio
-
-T = TypeVar("T")
+from nodeagent.core.latest import LatestValue
 
 __all__ = ["LatestValue"]
-
-
-class LatestValue(Generic[T]):
-    """Holds one value and a version; a slow reader skips intermediate values instead of queuing
-    them, which is right for state snapshots (only the newest matters)."""
-
-    def __init__(self, initial: T) -> None:
-        self._value = initial
-        self._version = 0
-        self._changed = trio.Event()
-
-    @property
-    def value(self) -> T:
-        return self._value
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def set(self, value: T) -> None:
-        self._value = value
-        self._version += 1
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def wait_newer(self, version: int) -> tuple[int, T]:
-        """Wait until the version is greater than `version`; return (version, value)."""
-        while self._version <= version:
-            await self._changed.wait()
-        return self._version, self._value

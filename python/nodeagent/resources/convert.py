@@ -17,6 +17,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from nodeagent.core.k8s import is_dns_label, is_dns_subdomain
 from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
@@ -32,8 +33,6 @@ from nodeagent.resources.model import (
     Pool,
     attribute_errors,
     capacity_errors,
-    is_dns_label,
-    is_dns_subdomain,
 )
 
 

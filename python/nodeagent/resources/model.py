@@ -7,12 +7,21 @@ has one shape to validate, split and plan, and the native API maps onto v1 one-t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import msgspec
 
-from nodeagent.resources.quantity import QuantityError, canonicalize
+from nodeagent.core.k8s import (
+    QuantityError,
+    canonicalize,
+    is_dns_label,
+    is_dns_subdomain,
+    is_label_key,
+    is_label_value,
+    is_qualified_name,
+    is_rfc3339,
+    is_semver,
+)
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
@@ -139,43 +148,7 @@ class InvalidInventory(ValueError):
         super().__init__(f"invalid inventory of driver {driver!r}: " + "; ".join(errors))
 
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
-_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
-_SEMVER = re.compile(
-    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
-    r"(-((0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
-    r"(\.(0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
-)
-_RFC3339 = re.compile(
-    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})"
-)
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
-
-
-def is_dns_label(s: str) -> bool:
-    return len(s) <= 63 and _DNS_LABEL.fullmatch(s) is not None
-
-
-def is_dns_subdomain(s: str, limit: int = 253) -> bool:
-    return 0 < len(s) <= limit and all(is_dns_label(p) for p in s.split("."))
-
-
-def is_qualified_name(s: str) -> bool:
-    """A C identifier (<= 32) or `<DNS subdomain <= 63>/<C identifier <= 32>`."""
-    domain, sep, ident = s.rpartition("/")
-    if sep and not is_dns_subdomain(domain, 63):
-        return False
-    return len(ident) <= 32 and _C_IDENTIFIER.fullmatch(ident) is not None
-
-
-def _is_label_key(s: str) -> bool:
-    prefix, sep, name = s.rpartition("/")
-    if sep and not is_dns_subdomain(prefix):
-        return False
-    return len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
 
 
 def _counters(where: str, counters: dict[str, Counter], errors: list[str]) -> None:
@@ -205,7 +178,7 @@ def attribute_errors(name: str, attr: DeviceAttribute) -> list[str]:
     for text in (attr.string, attr.version):
         if text is not None and len(text) > MAX_ATTRIBUTE_STRING:
             errors.append(f"longer than {MAX_ATTRIBUTE_STRING} characters")
-    if attr.version is not None and not _SEMVER.fullmatch(attr.version):
+    if attr.version is not None and not is_semver(attr.version):
         errors.append(f"version {attr.version!r} is not semantic versioning 2.0.0")
     return errors
 
@@ -242,13 +215,13 @@ def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> 
         errors.append(f"{at}: {len(d.taints)} taints, at most {MAX_TAINTS} allowed")
     for i, taint in enumerate(d.taints):
         here = f"{at}: taint {i}"
-        if not _is_label_key(taint.key):
+        if not is_label_key(taint.key):
             errors.append(f"{here}: key {taint.key!r} must be a qualified label key")
-        if len(taint.value) > 63 or not _LABEL_VALUE.fullmatch(taint.value):
+        if not is_label_value(taint.value):
             errors.append(f"{here}: value {taint.value!r} must be a label value")
         if taint.effect not in TAINT_EFFECTS:
             errors.append(f"{here}: effect {taint.effect!r} must be one of {TAINT_EFFECTS}")
-        if taint.time_added is not None and not _RFC3339.fullmatch(taint.time_added):
+        if taint.time_added is not None and not is_rfc3339(taint.time_added):
             errors.append(f"{here}: timeAdded {taint.time_added!r} must be RFC 3339")
     for use in d.consumes_counters:
         here = f"{at}: consumesCounters {use.counter_set!r}"

@@ -37,10 +37,10 @@ from google.protobuf.message import Message
 
 from nodeagent import _native
 from nodeagent.accumulator.model import Query, QueryStatus
+from nodeagent.core.latest import LatestValue
 from nodeagent.kube import NODES, RESOURCESLICES
 from nodeagent.kube.errors import ApiError, Conflict, KubeError, NotFound
 from nodeagent.log import get_logger
-from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources import metrics
 from nodeagent.resources.events import NodeEvents
 from nodeagent.resources.inventory import Converted, DriverState, InventoryTracker

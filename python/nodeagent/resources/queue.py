@@ -18,6 +18,8 @@ from typing import Generic, TypeVar
 
 import trio
 
+from nodeagent.core.backoff import Backoff
+
 K = TypeVar("K", bound=Hashable)
 
 __all__ = ["WorkQueue"]
@@ -27,8 +29,9 @@ class WorkQueue(Generic[K]):
     def __init__(
         self, backoff_initial: float, backoff_max: float, min_interval: float = 0.0
     ) -> None:
-        self._initial = backoff_initial
-        self._max = backoff_max
+        # The upstream workqueue's per-item rate limiter: doubling, no jitter (one agent's keys
+        # do not contend with other agents).
+        self._backoff = Backoff(backoff_initial, backoff_max)
         self._min_interval = min_interval
         self._last_start: dict[K, float] = {}  # when each key's latest run started
         self._ready_at: dict[K, float] = {}  # queued keys and when they may run
@@ -102,7 +105,7 @@ class WorkQueue(Generic[K]):
             # backoff moot.
             n = self._failures.get(key, 0)
             self._failures[key] = n + 1
-            delay = min(self._max, self._initial * 2**n)
+            delay = self._backoff.delay(n + 1)
             self.add(key, delay)
         else:
             self._failures.pop(key, None)

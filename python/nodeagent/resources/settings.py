@@ -6,7 +6,7 @@ import math
 
 import msgspec
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 
 __all__ = ["ResourcesSettings"]
 

@@ -23,7 +23,6 @@ import trio
 
 from nodeagent import __version__
 from nodeagent.config.render import to_builtins
-from nodeagent.config.schema import Config
 from nodeagent.log import get_logger
 from nodeagent.plugins.bridge import open_grpc_bridge
 from nodeagent.plugins.manager import PluginManager
@@ -31,6 +30,7 @@ from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.component import Component, FatalError
 from nodeagent.service.components import PluginsComponent
+from nodeagent.service.config import Config
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.metrics import BUILD_INFO
 from nodeagent.service.ops import OpsServer

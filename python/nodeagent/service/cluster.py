@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 import msgspec
 import trio
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.settings import KubeSettings, load_client
 from nodeagent.log import get_logger

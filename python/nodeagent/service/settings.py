@@ -4,20 +4,15 @@ from __future__ import annotations
 
 import ipaddress
 import math
-import re
 from typing import Literal
 
 import msgspec
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
+from nodeagent.core.k8s import is_dns_subdomain
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
-
-# Node names are DNS-1123 subdomains, the same rule the kubelet applies to --hostname-override.
-_DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-)
 
 
 def _positive(field: str, value: float, *, maximum: float | None = None) -> None:
@@ -47,7 +42,8 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cluster_probe_interval: float = 30.0
 
     def validate(self) -> None:
-        if len(self.node_name) > 253 or not _DNS1123_SUBDOMAIN.match(self.node_name):
+        # The rule the kubelet applies to --hostname-override.
+        if not is_dns_subdomain(self.node_name):
             raise ConfigError(
                 "agent.node_name",
                 self.node_name,

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import trio
 
+from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.log import get_logger
-from nodeagent.service.backoff import Backoff
 from nodeagent.service.component import Component, FatalError, Readiness, readiness_of
 from nodeagent.service.metrics import COMPONENT_READY, COMPONENT_RESTARTS
 
@@ -90,8 +90,12 @@ class Supervisor:
             raise ValueError(f"component names must be unique: {names}")
         self.components = list(components)
         self.states = {c.name: ComponentState(c.name) for c in components}
+        # +-jitter: restarts of many agents after a shared outage do not line up.
         self._backoff = Backoff(
-            backoff_initial, backoff_max, jitter=jitter, rng=rng or random.Random()
+            backoff_initial,
+            backoff_max,
+            jitter=Jitter.around(jitter),
+            random=(rng or random.Random()).random,
         )
         self._reset_after = reset_after
         for name in names:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import msgspec
 
-from nodeagent.config.loader import Environment, build_config
-from nodeagent.config.schema import Config
+from nodeagent.config.loader import Environment
+from nodeagent.service.config import Config, build_config
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "deploy" / "config.example.toml"
 ENV = Environment(uid=0, env={}, hostname="worker-1", home="/root")

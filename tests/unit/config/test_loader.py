@@ -6,18 +6,16 @@ from typing import Any
 import msgspec
 import pytest
 
-from nodeagent.config.errors import ConfigError
 from nodeagent.config.loader import (
     Environment,
     Override,
     apply_overrides,
-    build_config,
-    load_config,
     parse_set,
     parse_set_value,
 )
 from nodeagent.config.render import to_json, to_toml
-from nodeagent.config.schema import Config
+from nodeagent.core.errors import ConfigError
+from nodeagent.service.config import Config, build_config, load_config
 
 ROOT = Environment(uid=0, env={}, hostname="Worker-1.example", home="/root")
 USER = Environment(uid=1000, env={}, hostname="laptop", home="/home/u")
@@ -128,6 +126,7 @@ def test_decode_errors_name_field_value_and_rule(
     ("raw", "field", "rule"),
     [
         ({"agent": {"node_name": "Bad_Name"}}, "agent.node_name", "DNS-1123"),
+        ({"agent": {"node_name": "node-a\n"}}, "agent.node_name", "DNS-1123"),
         ({"agent": {"state_dir": "/s", "shutdown_timeout": 0}}, "agent.shutdown_timeout", "> 0"),
         ({"agent": {"shutdown_timeout": float("nan")}}, "agent.shutdown_timeout", "finite"),
         ({"agent": {"healthz_stale_after": 0.5}}, "agent.healthz_stale_after", "greater than"),

@@ -8,8 +8,7 @@ from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
-from nodeagent.resources.model import _RFC3339
-from nodeagent.resources.quantity import QuantityError, parse_quantity
+from nodeagent.core.k8s import QuantityError, is_rfc3339, parse_quantity
 
 Json = Any
 PlanTuple = tuple[
@@ -45,7 +44,7 @@ def _quantity_value(v: Json) -> tuple[str, Any]:
 
 
 def _time(s: str) -> datetime | None:
-    if not _RFC3339.fullmatch(s):
+    if not is_rfc3339(s):
         return None
     try:
         return datetime.fromisoformat(s)

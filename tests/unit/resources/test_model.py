@@ -7,6 +7,7 @@ import gc
 import msgspec
 import pytest
 
+from nodeagent.core.k8s import is_qualified_name
 from nodeagent.resources.model import (
     Counter,
     CounterSet,
@@ -22,7 +23,6 @@ from nodeagent.resources.model import (
     Pool,
     ResourceSlice,
     desired_slices,
-    is_qualified_name,
     validate_inventory,
 )
 

@@ -13,10 +13,10 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
+from nodeagent.core.latest import LatestValue
 from nodeagent.kube.errors import Conflict
 from nodeagent.plugins.handler import PluginData
-from nodeagent.plugins.latest import LatestValue
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.kube.settings import KubeSettings
 from nodeagent.service.cluster import STANDALONE_REASON, ClusterComponent
 from nodeagent.service.status import exit_code, render, table

@@ -6,7 +6,6 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.service.backoff import Backoff
 from nodeagent.service.component import FatalError, Readiness
 from nodeagent.service.metrics import COMPONENT_READY, COMPONENT_RESTARTS
 from nodeagent.service.supervisor import Supervisor
@@ -167,17 +166,3 @@ async def test_fatal_error_stops_everything(autojump_clock: trio.testing.MockClo
 def test_duplicate_names_are_rejected() -> None:
     with pytest.raises(ValueError, match="unique"):
         Supervisor([Flaky("same", 0), Flaky("same", 0)])
-
-
-@pytest.mark.parametrize(
-    ("failures", "expected"), [(1, 0.5), (2, 1.0), (3, 2.0), (7, 30.0), (10_000, 30.0)]
-)
-def test_backoff_base_doubles_and_caps(failures: int, expected: float) -> None:
-    assert Backoff(0.5, 30.0).base(failures) == expected
-
-
-def test_backoff_jitter_stays_within_bounds() -> None:
-    backoff = Backoff(1.0, 10.0, jitter=0.5, rng=random.Random(1))
-    delays = [backoff.delay(3) for _ in range(200)]
-    assert all(2.0 <= d <= 6.0 for d in delays)
-    assert all(backoff.delay(50) <= 10.0 for _ in range(50))

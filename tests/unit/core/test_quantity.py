@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent import _native
-from nodeagent.resources.quantity import (
+from nodeagent.core.k8s import (
     ERR_FORMAT,
     ERR_RANGE,
     ERR_SUFFIX,

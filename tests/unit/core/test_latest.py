@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import trio
 
-from nodeagent.plugins.latest import LatestValue
+from nodeagent.core.latest import LatestValue
 
 
 async def test_readers_wait_for_a_newer_version_and_skip_intermediate_values(

@@ -1,8 +1,17 @@
-"""Kubernetes `resource.Quantity` in plain Python: parsing, value comparison, canonical form.
+"""Kubernetes value rules, once: names (DNS labels and subdomains, qualified names, label keys
+and values), semantic versions, RFC 3339 times, and `resource.Quantity`.
 
-This is the reference implementation that the Rust planner (`nodeagent._native.quantity_*`) is
-property-tested against; it follows `k8s.io/apimachinery/pkg/api/resource` with exact
-`Fraction` arithmetic. Parsing rounds the magnitude up to nano precision, as upstream does.
+Every check of a Kubernetes name or quantity in the agent (the node name in the settings, the
+plugin message checks, the publisher's inventory validation, the seed name mapping) calls these,
+so one input cannot pass one check and fail another. The rules follow
+`k8s.io/apimachinery/pkg/util/validation` (whole-string matches: a trailing newline is not
+allowed, unlike Python's ``$``).
+
+Quantities, in plain Python: parsing, value comparison, canonical form. This is the reference
+implementation that the Rust planner (`nodeagent._native.quantity_*`) is property-tested
+against; it follows `k8s.io/apimachinery/pkg/api/resource` with exact `Fraction` arithmetic.
+Parsing rounds the magnitude up to nano precision, as upstream does. `check_quantity_syntax`
+applies the grammar alone (format and suffix, not the value's range).
 
 Deliberate deviations from upstream, shared with the Rust implementation: DecimalSI and
 DecimalExponent values of magnitude 2^127 nanos (about 1.7e29) or more are rejected as out of
@@ -15,8 +24,97 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass
 from fractions import Fraction
+
+__all__ = [
+    "ERR_FORMAT",
+    "ERR_RANGE",
+    "ERR_SUFFIX",
+    "Format",
+    "Quantity",
+    "QuantityError",
+    "canonical",
+    "canonicalize",
+    "check_quantity_syntax",
+    "compare",
+    "is_dns_label",
+    "is_dns_subdomain",
+    "is_label_key",
+    "is_label_value",
+    "is_qualified_name",
+    "is_rfc3339",
+    "is_semver",
+    "parse_quantity",
+    "value_key",
+]
+
+# --- names -------------------------------------------------------------------------------------
+
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+_LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+_SEMVER = re.compile(
+    r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)"
+    r"(-((0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*)"
+    r"(\.(0|[1-9][0-9]*|[0-9]*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(\+([0-9a-zA-Z-]+(\.[0-9a-zA-Z-]+)*))?"
+)
+_RFC3339 = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]{1,9})?(Z|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def is_dns_label(s: str) -> bool:
+    """RFC 1123 label: lowercase alphanumerics and '-', alphanumeric at both ends, <= 63."""
+    return len(s) <= DNS_LABEL_MAX and _DNS_LABEL.fullmatch(s) is not None
+
+
+def is_dns_subdomain(s: str, limit: int = DNS_SUBDOMAIN_MAX) -> bool:
+    """RFC 1123 subdomain: labels joined by '.', at most `limit` characters in all (upstream
+    `IsDNS1123Subdomain` with 253; callers with a tighter field limit pass theirs)."""
+    return len(s) <= limit and _DNS_SUBDOMAIN.fullmatch(s) is not None
+
+
+def is_qualified_name(s: str) -> bool:
+    """A C identifier (<= 32) or `<DNS subdomain <= 63>/<C identifier <= 32>` (the
+    resource.k8s.io attribute and capacity names)."""
+    domain, sep, ident = s.rpartition("/")
+    if sep and not is_dns_subdomain(domain, 63):
+        return False
+    return len(ident) <= 32 and _C_IDENTIFIER.fullmatch(ident) is not None
+
+
+def is_label_key(s: str) -> bool:
+    """A label (or taint) key: an optional DNS-subdomain prefix and '/', then a name <= 63."""
+    prefix, sep, name = s.rpartition("/")
+    if sep and not is_dns_subdomain(prefix):
+        return False
+    return len(name) <= 63 and _LABEL_NAME.fullmatch(name) is not None
+
+
+def is_label_value(s: str) -> bool:
+    """A label (or taint) value: empty, or <= 63 alphanumerics, '-', '_', '.' inside."""
+    return len(s) <= 63 and _LABEL_VALUE.fullmatch(s) is not None
+
+
+def is_semver(s: str) -> bool:
+    """Semantic Versioning 2.0.0 (no leading "v")."""
+    return _SEMVER.fullmatch(s) is not None
+
+
+def is_rfc3339(s: str) -> bool:
+    """An RFC 3339 timestamp as metav1.Time serialises (optional fraction up to nanoseconds)."""
+    return _RFC3339.fullmatch(s) is not None
+
+
+# --- quantities --------------------------------------------------------------------------------
 
 NANO = 10**9
 MAX_NANOS = 2**127 - 1
@@ -106,9 +204,10 @@ def _magnitude_nanos(text: str, digits: str, frac_len: int, base: int, exponent:
     return nanos
 
 
-def parse_quantity(text: str) -> Quantity:
-    """Parses like upstream `resource.ParseQuantity`; raises QuantityError."""
-    zero = Quantity(0, Format.DECIMAL_SI)
+def _scan(text: str) -> tuple[bool, str, str, tuple[int, int, Format]] | None:
+    """(negative, whole digits, fraction digits, interpreted suffix) of a quantity string, or
+    None for a zero written without digits after its zeros ("0", "+", "-00"); raises
+    QuantityError for a format or suffix error."""
     if not text:
         raise QuantityError(text, ERR_FORMAT)
     pos, end = 0, len(text)
@@ -118,7 +217,7 @@ def parse_quantity(text: str) -> Quantity:
     while pos < end and text[pos] == "0":
         pos += 1
     if pos == end:
-        return zero
+        return None
     start = pos
     while pos < end and text[pos] in _DIGITS:
         pos += 1
@@ -139,7 +238,22 @@ def parse_quantity(text: str) -> Quantity:
         pos += 1
     if pos < end:
         raise QuantityError(text, ERR_FORMAT)
-    base, exponent, fmt = _interpret(text, text[suffix_start:])
+    return negative, whole, fraction, _interpret(text, text[suffix_start:])
+
+
+def check_quantity_syntax(text: str) -> None:
+    """Raises QuantityError unless `text` follows the quantity grammar (sign, number, suffix or
+    exponent); the value's range is not checked (`parse_quantity` does)."""
+    _scan(text)
+
+
+def parse_quantity(text: str) -> Quantity:
+    """Parses like upstream `resource.ParseQuantity`; raises QuantityError."""
+    zero = Quantity(0, Format.DECIMAL_SI)
+    scanned = _scan(text)
+    if scanned is None:
+        return zero
+    negative, whole, fraction, (base, exponent, fmt) = scanned
 
     fraction = fraction.rstrip("0")
     digits = (whole + fraction).lstrip("0")

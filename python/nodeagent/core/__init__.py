@@ -1,0 +1,14 @@
+"""Leaf primitives every other package builds on; this package imports nothing of nodeagent.
+
+- `errors`: `ConfigError`, the one error type for a setting or value that breaks a rule;
+- `backoff`: `Backoff`, the one capped exponential retry policy (with its `Jitter` models);
+- `latest`: `LatestValue`, the newest-value-wins channel between producers and consumers;
+- `k8s`: the Kubernetes value rules (DNS labels and subdomains, qualified names, label keys and
+  values, semantic versions, RFC 3339 times) and `resource.Quantity` (grammar, value, canonical
+  form), the Python reference the Rust extension is tested against.
+
+Import the submodules themselves; this module re-exports nothing, so importing one primitive
+does not load the others (`errors` is imported by every settings module).
+"""
+
+__all__: list[str] = []

@@ -1,0 +1,88 @@
+"""The static configuration file: one TOML document composed of each package's settings.
+
+The composition root owns the composed schema, so the packages below it only know their own
+table and `nodeagent.config` stays a leaf (reading TOML, overrides, error translation).
+Loading is: the TOML file, then `--set` overrides, then defaults that depend on the environment,
+then each table's own `validate()`; every failure is a `ConfigError` naming the field.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.config.loader import (
+    REGISTRY_SUBDIR,
+    Environment,
+    Override,
+    apply_overrides,
+    default_node_name,
+    default_state_dir,
+    read_config_file,
+    translate_validation_error,
+    validate_section,
+)
+from nodeagent.kube.settings import KubeSettings
+from nodeagent.plugins.settings import PluginSettings
+from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.service.settings import AgentSettings, OpsSettings
+
+__all__ = ["Config", "build_config", "load_config"]
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    agent: AgentSettings = msgspec.field(default_factory=AgentSettings)
+    ops: OpsSettings = msgspec.field(default_factory=OpsSettings)
+    plugins: PluginSettings = msgspec.field(default_factory=PluginSettings)
+    kube: KubeSettings = msgspec.field(default_factory=KubeSettings)
+    accumulator: AccumulatorSettings = msgspec.field(default_factory=AccumulatorSettings)
+    resources: ResourcesSettings = msgspec.field(default_factory=ResourcesSettings)
+
+
+def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -> Config:
+    agent = config.agent
+    node_name = agent.node_name or default_node_name(environment)
+    state_dir = agent.state_dir or default_state_dir(environment)
+    if not os.path.isabs(state_dir):
+        state_dir = os.path.abspath(state_dir)
+    agent = msgspec.structs.replace(agent, node_name=node_name, state_dir=state_dir)
+
+    plugins = config.plugins
+    raw_plugins = raw.get("plugins")
+    # Only an explicit registry_dir is kept: otherwise it lives under the (possibly per-user)
+    # state dir, so a non-root agent works without any configuration.
+    explicit = isinstance(raw_plugins, dict) and "registry_dir" in raw_plugins
+    registry_dir = plugins.registry_dir if explicit else REGISTRY_SUBDIR
+    registry_dir = os.path.join(state_dir, registry_dir)  # no-op for absolute paths
+    plugins = msgspec.structs.replace(plugins, registry_dir=os.path.normpath(registry_dir))
+    return msgspec.structs.replace(config, agent=agent, plugins=plugins)
+
+
+def build_config(
+    raw: dict[str, Any],
+    overrides: Sequence[Override] = (),
+    environment: Environment | None = None,
+) -> Config:
+    merged = apply_overrides(raw, overrides)
+    try:
+        config = msgspec.convert(merged, Config)
+    except msgspec.ValidationError as exc:
+        raise translate_validation_error(exc, merged, Config) from None
+    config = _resolve(config, merged, environment or Environment.current())
+    for table in msgspec.structs.fields(Config):
+        validate_section(table.name, getattr(config, table.name))
+    return config
+
+
+def load_config(
+    path: str | None,
+    overrides: Sequence[Override] = (),
+    environment: Environment | None = None,
+) -> tuple[Config, str | None]:
+    """The effective configuration and the file it came from (None: defaults only)."""
+    raw, source = read_config_file(path)
+    return build_config(raw, overrides, environment), source
