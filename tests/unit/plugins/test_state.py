@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from nodeagent.plugins.state import (
     ActualPlugin,
     ActualState,
+    Caches,
     DesiredState,
+    PluginRecord,
+    PluginState,
     SocketIdentity,
     plan,
 )
@@ -109,3 +114,26 @@ def test_reconciling_converges_actual_state_to_desired_state(
     }
     final = plan(desired, actual)
     assert final.register == [] and final.unregister == []
+
+
+def test_plugin_states_show_as_their_plain_names() -> None:
+    assert [s.value for s in PluginState] == [
+        "registering",
+        "registered",
+        "failed",
+        "rejected",
+        "deregistered",
+    ]
+    assert PluginState("registered") is PluginState.REGISTERED
+    assert json.dumps(PluginState.FAILED) == '"failed"'
+
+
+def test_caches_clear_empties_all_three() -> None:
+    caches = Caches()
+    wanted = caches.desired.add_or_update("/r/a.sock", _identity(1))
+    _register(caches.actual, "/r/a.sock", wanted.generation)
+    caches.records["/r/a.sock"] = PluginRecord("/r/a.sock", wanted.generation)
+    caches.clear()
+    assert caches.desired.plugins() == [] and caches.actual.plugins() == []
+    assert caches.records == {}
+    assert caches.desired.add_or_update("/r/a.sock", _identity(1)).generation > wanted.generation
