@@ -208,6 +208,18 @@ def _is_node_ref(ref: Mapping[str, Any]) -> bool:
 
 
 class Publisher:
+    """Keeps this node's ResourceSlices equal to what the plugins report (the module docstring
+    has the rules).
+
+    Owns the desired state (per driver and pool, from the inventories' `LatestValue`), the
+    observed state (from its `SliceSource`, an accumulator over this node's slices and Node),
+    and the work queue. `run()` starts, in one nursery: the inventory watcher (desired state
+    changes queue their pools), the slice watcher (observed changes queue the pools they
+    touch), the worker (one pool sync at a time: plan in Rust, write through the `SliceWriter`),
+    the Event recorder and the start-up grace timer. Standalone (no client): only the inventory
+    watcher runs and `desired_view()` shows what would be written.
+    """
+
     def __init__(
         self,
         *,

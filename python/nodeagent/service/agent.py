@@ -59,6 +59,17 @@ def _hard_exit(code: int, message: str) -> None:
 
 
 class Agent:
+    """The process: owns the configuration, the shared resources and the root of the task tree.
+
+    It builds the gRPC bridge, the one kube client (`ClusterComponent`; None: standalone), the
+    plugin manager, the publisher component and the `Supervisor` over them, and runs heartbeat,
+    ops endpoint and supervisor as siblings in one nursery, so nothing outlives `run()`. Shared
+    resources (bridge, client) are opened around the supervisor and survive component restarts.
+    `run()` returns after a signal or `request_shutdown`: the main scope is cancelled, then the
+    shutdown hooks run under `agent.shutdown_timeout`, with a thread as the hard deadline. The
+    agent is also the ops endpoint's `AgentView` (liveness, readiness, plugins, slices, config).
+    """
+
     def __init__(
         self,
         config: Config,

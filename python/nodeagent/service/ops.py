@@ -83,6 +83,14 @@ def readyz_response(reports: list[ComponentReport], request: Request) -> Respons
 
 
 class OpsServer:
+    """The local HTTP endpoint: owns the listening socket and a route table over an `AgentView`.
+
+    `run()` listens on `ops.address` (an unusable address is a `FatalError`) and serves each
+    connection in its own task: one bounded request (head size, timeout, connection limit) and
+    one response with `Connection: close`. Handlers only read the view, so a slow client or a
+    failing handler (a 500) never affects the agent; nothing escapes a connection's task.
+    """
+
     def __init__(self, settings: OpsSettings, view: AgentView) -> None:
         self.settings = settings
         self.view = view

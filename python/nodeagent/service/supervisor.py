@@ -75,6 +75,17 @@ def find_fatal(exc: BaseException) -> FatalError | None:
 
 
 class Supervisor:
+    """Runs each component in its own task and restarts the ones that fail, forever.
+
+    A component's `run` is started with `nursery.start`: it counts as running once it calls
+    `task_status.started()`. A failure (an exception or a return) is logged, counted and shown
+    in readiness, then the component restarts after a jittered, capped exponential backoff;
+    a run that lasted `reset_after` seconds starts the backoff over. `FatalError` is the one
+    exception that is not absorbed: it ends the supervisor, and with it the agent. `run()`
+    reports started once every component has started or failed its first start, so one broken
+    component cannot hold the agent's start-up hostage. `report()` is readiness per component.
+    """
+
     def __init__(
         self,
         components: Sequence[Component],
