@@ -13,6 +13,7 @@ from __future__ import annotations
 import enum
 import itertools
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 __all__ = [
     "ActualPlugin",
@@ -56,55 +57,49 @@ class ActualPlugin:
     versions: tuple[str, ...]
 
 
-class DesiredState:
+_Entry = TypeVar("_Entry", DesiredPlugin, ActualPlugin)
+
+
+class _BySocket(Generic[_Entry]):
+    """Entries keyed by socket path, listed in path order."""
+
     def __init__(self) -> None:
-        self._plugins: dict[str, DesiredPlugin] = {}
+        self._plugins: dict[str, _Entry] = {}
+
+    def remove(self, socket: str) -> None:
+        self._plugins.pop(socket, None)
+
+    def clear(self) -> None:
+        self._plugins.clear()
+
+    def get(self, socket: str) -> _Entry | None:
+        return self._plugins.get(socket)
+
+    def plugins(self) -> list[_Entry]:
+        return [self._plugins[socket] for socket in sorted(self._plugins)]
+
+
+class DesiredState(_BySocket[DesiredPlugin]):
+    """The kubelet's DSW: every plugin socket that should be registered."""
 
     def add_or_update(self, socket: str, identity: SocketIdentity) -> DesiredPlugin:
         """Record a socket; a new generation whenever its identity changed (or it was absent)."""
         current = self._plugins.get(socket)
         if current is not None and current.identity == identity:
             return current
-        entry = DesiredPlugin(socket, identity, next(_generations))
-        self._plugins[socket] = entry
-        return entry
+        return self.force_new_generation(socket, identity)
 
     def force_new_generation(self, socket: str, identity: SocketIdentity) -> DesiredPlugin:
         entry = DesiredPlugin(socket, identity, next(_generations))
         self._plugins[socket] = entry
         return entry
 
-    def remove(self, socket: str) -> None:
-        self._plugins.pop(socket, None)
 
-    def clear(self) -> None:
-        self._plugins.clear()
-
-    def get(self, socket: str) -> DesiredPlugin | None:
-        return self._plugins.get(socket)
-
-    def plugins(self) -> list[DesiredPlugin]:
-        return sorted(self._plugins.values(), key=lambda p: p.socket)
-
-
-class ActualState:
-    def __init__(self) -> None:
-        self._plugins: dict[str, ActualPlugin] = {}
+class ActualState(_BySocket[ActualPlugin]):
+    """The kubelet's ASW: every plugin registered (or being registered) with its handler."""
 
     def add(self, plugin: ActualPlugin) -> None:
         self._plugins[plugin.socket] = plugin
-
-    def remove(self, socket: str) -> None:
-        self._plugins.pop(socket, None)
-
-    def clear(self) -> None:
-        self._plugins.clear()
-
-    def get(self, socket: str) -> ActualPlugin | None:
-        return self._plugins.get(socket)
-
-    def plugins(self) -> list[ActualPlugin]:
-        return sorted(self._plugins.values(), key=lambda p: p.socket)
 
 
 @dataclass
