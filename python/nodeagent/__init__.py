@@ -1,10 +1,10 @@
 """nodeagent: a Kubernetes node agent with a Rust hot path."""
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib import metadata as _metadata
 
 try:
-    __version__ = version("nodeagent")
-except PackageNotFoundError:  # running from a source tree without an install
+    __version__ = _metadata.version("nodeagent")
+except _metadata.PackageNotFoundError:  # running from a source tree without an install
     __version__ = "0.0.0+unknown"
 
 __all__ = ["__version__"]

@@ -24,7 +24,6 @@ from grpclib.const import Status
 from grpclib.server import Stream
 
 from nodeagent.plugins.bridge import GrpcBridge
-from nodeagent.plugins.versions import NATIVE_DRA_SERVICE
 from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
 from nodeagent.sdk._server import PluginServer, serving
@@ -55,8 +54,11 @@ __all__ = [
 ]
 
 Api = Literal["native", "seed"]
+# What a plugin lists to be given the native stream: the service's full name, from the compiled
+# proto (the agent derives it the same way, so the two cannot drift).
+_NATIVE_SERVICE: str = device_pb2.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
 _DEFAULT_VERSIONS: dict[str, tuple[str, ...]] = {
-    "native": (NATIVE_DRA_SERVICE,),
+    "native": (_NATIVE_SERVICE,),
     "seed": ("1.0.0",),
 }
 
