@@ -114,24 +114,6 @@ class PluginManager:
             log.info("plugin manager started", registry_dir=self._watcher.root)
             task_status.started()
 
-    def _reset(self) -> None:
-        """Forget registrations from an earlier run (a supervisor restarting the manager): their
-        streams died with it, so every socket registers afresh. Handlers keep the last data,
-        marked deregistered until the plugin registers again (one gone meanwhile stays so)."""
-        self._executor.reset()
-        self._watcher.reset()
-        self._caches.clear()
-
-    def _kick(self) -> None:
-        self._reconciler.wake()
-        self._changed()
-
-    def _changed(self) -> None:
-        self.changes.set(None)
-
-    def _seen(self) -> Mapping[str, SocketIdentity]:
-        return self._watcher.seen  # looked up each time: every scan replaces the mapping
-
     def status(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         shown: set[tuple[str, str]] = set()
@@ -177,6 +159,26 @@ class PluginManager:
         registered = states.count(PluginState.REGISTERED)
         failing = len(states) - registered
         return True, f"{registered} plugins registered, {failing} not registered"
+
+    # -- composition -------------------------------------------------------------------------
+
+    def _reset(self) -> None:
+        """Forget registrations from an earlier run (a supervisor restarting the manager): their
+        streams died with it, so every socket registers afresh. Handlers keep the last data,
+        marked deregistered until the plugin registers again (one gone meanwhile stays so)."""
+        self._executor.reset()
+        self._watcher.reset()
+        self._caches.clear()
+
+    def _kick(self) -> None:
+        self._reconciler.wake()
+        self._changed()
+
+    def _changed(self) -> None:
+        self.changes.set(None)
+
+    def _seen(self) -> Mapping[str, SocketIdentity]:
+        return self._watcher.seen  # looked up each time: every scan replaces the mapping
 
     # -- status helpers ----------------------------------------------------------------------
 
