@@ -191,10 +191,12 @@ def test_load_client_modes(tmp_path: Path) -> None:
     assert load_client(KubeSettings(), environ={}) is None
     env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}
     sa = _sa_dir(tmp_path)
-    client = load_client(KubeSettings(qps=5, burst=7), environ=env, sa_dir=sa)
+    settings = KubeSettings(qps=5, burst=7, watch_inactivity_timeout=12)
+    client = load_client(settings, environ=env, sa_dir=sa)
     assert isinstance(client, KubeClient)
     assert client.config.server == "https://10.0.0.1:443"
     assert (client.limiter.qps, client.limiter.burst) == (5, 7)
+    assert client.watch_options.inactivity_timeout == 12  # what every watch through it uses
     assert load_client(KubeSettings(in_cluster="never"), environ=env, sa_dir=sa) is None
     with pytest.raises(ConfigError) as exc:
         load_client(KubeSettings(in_cluster="always"), environ={}, sa_dir=sa)
