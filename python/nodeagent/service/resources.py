@@ -19,8 +19,8 @@ import trio
 
 from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.core.latest import LatestValue
 from nodeagent.kube.client import KubeClient
-from nodeagent.plugins.latest import LatestValue
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.component import Readiness
