@@ -10,7 +10,7 @@ import trio
 import trio.testing
 
 from nodeagent.accumulator.settings import AccumulatorSettings
-from nodeagent.plugins.latest import LatestValue
+from nodeagent.core.latest import LatestValue
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.resources import ResourcesComponent, slice_summary
 from tests.unit.kube.kube_fakes import FakeCluster, mock_client
