@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 import signal
 import time
+from contextlib import suppress
 
+import trio
+
+from nodeagent.kube import NODES, errors
+from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.support.apiserver import ApiServer, apiserver_fixture
 
@@ -25,6 +30,14 @@ def wait_readyz(agent: AgentProcess, expect_code: int, text: str, timeout: float
     raise AssertionError(f"/readyz never gave {expect_code} with {text!r}; last: {last}")
 
 
+async def create_node(apiserver: ApiServer, name: str) -> None:
+    async with client_for(apiserver, "admin") as client:
+        with suppress(errors.AlreadyExists):
+            await client.create(
+                NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
+            )
+
+
 def test_connects_with_node_credentials_and_tracks_apiserver_outage(
     apiserver: ApiServer, start_agent: StartAgent
 ) -> None:
@@ -41,6 +54,9 @@ def test_connects_with_node_credentials_and_tracks_apiserver_outage(
         "kube.request_timeout=2",
     )
     agent.wait_ready()
+    # Connected, but nothing can be published for a Node that does not exist yet.
+    wait_readyz(agent, 503, "[-]resources not ready: nothing is written: waiting for Node node-a")
+    trio.run(create_node, apiserver, "node-a")
     body = wait_readyz(agent, 200, "[+]kube ok: connected (apiserver v")
     assert "[+]plugins ok" in body
     status = json.loads(agent.get("/v1/status")[1])
