@@ -34,12 +34,13 @@ from grpclib.client import Channel
 from grpclib.server import Server, Stream
 
 from benches.report import print_uncaptured
-from nodeagent.plugins import PluginManager, PluginSettings, open_grpc_bridge
+from nodeagent.plugins import PluginManager, PluginSettings
 from nodeagent.plugins.reporter import validate_report
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+from nodeagent.rpc import open_grpc_bridge
 
 BURST = 6000  # messages per run, split across the plugins
 PACED = 600

@@ -45,9 +45,10 @@ from nodeagent.kube import (
     load_kubeconfig,
     run_watch,
 )
-from nodeagent.plugins import PluginManager, open_grpc_bridge
+from nodeagent.plugins import PluginManager
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.rpc import open_grpc_bridge
 from nodeagent.sdk.dra import Device, DevicePlugin
 from tests.integration.test_resourceslices_checklist import api_writes
 from tests.plugins.conftest import fast_settings

@@ -37,7 +37,7 @@ time.sleep(3600)
 # One process, one bridge, PLUGINS reporter plugins, each reporting one small field.
 HELPER = """
 import sys, contextlib, trio
-from nodeagent.plugins.bridge import open_grpc_bridge
+from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.sdk import ReporterPlugin, ReportItem
 
 async def main(registry_dir, count):

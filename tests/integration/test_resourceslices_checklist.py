@@ -20,10 +20,11 @@ import trio.testing
 from nodeagent.accumulator import Accumulator
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, WatchRequest, errors, run_watch
 from nodeagent.kube.metrics import API_REQUESTS
-from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
+from nodeagent.plugins import PluginManager
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.rpc import GrpcBridge, open_grpc_bridge
 from nodeagent.sdk.dra import Device as SdkDevice
 from nodeagent.sdk.dra import DevicePlugin
 from tests.integration.conftest import client_for

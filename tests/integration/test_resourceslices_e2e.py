@@ -14,10 +14,11 @@ import trio
 
 from nodeagent.accumulator import Accumulator
 from nodeagent.kube import CORE_EVENTS, KubeClient
-from nodeagent.plugins import GrpcBridge, PluginManager, open_grpc_bridge
+from nodeagent.plugins import PluginManager
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.rpc import GrpcBridge, open_grpc_bridge
 from nodeagent.sdk.dra import Device, DevicePlugin, Quantity, SemVer
 from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import NODE, admin, node_slices, until

@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import trio
 
-from nodeagent.plugins import GrpcBridge, PluginManager, PluginSettings, open_grpc_bridge
+from nodeagent.plugins import PluginManager, PluginSettings
+from nodeagent.rpc import GrpcBridge, open_grpc_bridge
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.server import Stream
 
+from nodeagent.core.latest import LatestValue
 from nodeagent.plugins import PluginManager
-from nodeagent.plugins.latest import LatestValue
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc

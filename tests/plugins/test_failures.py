@@ -19,12 +19,13 @@ from grpclib.encoding.proto import ProtoCodec
 from grpclib.server import Server
 from prometheus_client import REGISTRY
 
-from nodeagent.config.errors import ConfigError
-from nodeagent.plugins import GrpcBridge, PluginData, PluginManager, PluginSettings
+from nodeagent.core.errors import ConfigError
+from nodeagent.plugins import PluginData, PluginManager, PluginSettings
 from nodeagent.plugins.handler import PluginEndpoint
 from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import DevicePlugin, ReporterPlugin, ReportItem
 from tests.plugins.conftest import fast_settings
 from tests.plugins.support import (

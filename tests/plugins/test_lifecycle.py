@@ -9,8 +9,9 @@ import stat
 import trio
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins import GrpcBridge, PluginData, PluginManager
+from nodeagent.plugins import PluginData, PluginManager
 from nodeagent.resources.inventory import InventoryTracker
+from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin, Quantity, ReporterPlugin, ReportItem
 from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
 

@@ -8,9 +8,10 @@ import os
 import trio
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import PluginManager
 from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin, Pool, Taint, build_inventory
 from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
 

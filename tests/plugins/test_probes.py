@@ -10,11 +10,12 @@ from types import SimpleNamespace
 
 import trio
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import PluginManager
 from nodeagent.plugins.versions import NATIVE_DRA_SERVICE
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
+from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin
 from tests.plugins.conftest import fast_settings
 from tests.plugins.support import (

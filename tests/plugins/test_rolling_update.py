@@ -9,7 +9,8 @@ import os
 
 import trio
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import PluginManager
+from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin, ReporterPlugin, ReportItem
 from tests.plugins.support import WAIT, plugin_status, wait_until
 

@@ -15,8 +15,9 @@ from typing import Any
 import trio
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import PluginManager
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc import GrpcBridge
 from tests.plugins.conftest import fast_settings
 from tests.plugins.support import (
     CrashingReporter,

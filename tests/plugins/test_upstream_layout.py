@@ -13,9 +13,10 @@ import pytest
 import trio
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins import GrpcBridge, PluginManager
+from nodeagent.plugins import PluginManager
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.resources.inventory import InventoryTracker
+from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin
 from tests.plugins.conftest import fast_settings
 from tests.plugins.support import WAIT, ScriptedRegistration, plugin_status, state_of, wait_until

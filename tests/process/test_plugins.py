@@ -79,7 +79,7 @@ def test_standalone_agent_serves_a_plugins_reports(start_agent: StartAgent, tmp_
 # v1beta1.DRAPlugin; it publishes its own ResourceSlices, so the agent only registers it.
 MODERN = """
 import os, sys, trio
-from nodeagent.plugins.bridge import open_grpc_bridge
+from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.sdk._server import RegistrationServicer
 

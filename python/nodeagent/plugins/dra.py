@@ -18,7 +18,6 @@ from typing import Any
 
 from google.protobuf.message import Message
 
-from nodeagent.plugins.bridge import GrpcChannel, ServerStream
 from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import (
     InvalidMessage,
@@ -29,6 +28,7 @@ from nodeagent.plugins.handler import (
 from nodeagent.plugins.versions import dra_api, highest_supported_version
 from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
+from nodeagent.rpc.bridge import GrpcChannel, ServerStream
 
 __all__ = ["DRA_PLUGIN_TYPE", "DraHandler", "validate_resources"]
 

@@ -8,13 +8,13 @@ and the rule in an Event. Either way the plugin's last good inventory stays publ
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
+from nodeagent.core.k8s import QuantityError, check_quantity_syntax
 from nodeagent.plugins.handler import InvalidMessage
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
-__all__ = ["QUANTITY", "validate_inventory_message"]
+__all__ = ["validate_inventory_message"]
 
 # The resource.k8s.io/v1 limits (ResourceSlice validation); the message size is bounded by the
 # bridge's max_message_bytes before decoding.
@@ -22,11 +22,6 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS = 16
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
-
-# resource.Quantity's string form: sign, number, then an optional binary/decimal suffix or exponent.
-QUANTITY = re.compile(
-    r"^[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])?$"
-)
 
 
 def validate_inventory_message(message: device_pb2.Inventory) -> None:
@@ -101,5 +96,8 @@ def _counters(at: str, counters: Mapping[str, device_pb2.Counter]) -> None:
 
 
 def _quantity(at: str, value: str) -> None:
-    if not QUANTITY.match(value):
-        raise InvalidMessage(f"{at}: {value!r}: not a valid quantity")
+    # The grammar only: a value out of range is the publisher's to report, for its device.
+    try:
+        check_quantity_syntax(value)
+    except QuantityError:
+        raise InvalidMessage(f"{at}: {value!r}: not a valid quantity") from None

@@ -6,10 +6,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 import trio
 
+from nodeagent.core.backoff import Backoff
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
-from nodeagent.plugins.backoff import ExponentialBackoff
-from nodeagent.plugins.bridge import GrpcBridge, GrpcChannel, RpcError
 from nodeagent.plugins.handler import PluginEndpoint, PluginHandler, PluginValidationError
 from nodeagent.plugins.security import (
     EndpointMissing,
@@ -29,6 +28,7 @@ from nodeagent.plugins.state import (
 from nodeagent.plugins.watcher import RegistryWatcher
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel, RpcError
 
 __all__ = ["OperationExecutor"]
 
@@ -85,7 +85,9 @@ class OperationExecutor:
         self._kick = kick
         self._endpoint_dirs = settings.resolved_endpoint_dirs()
         self._busy: set[str] = set()
-        self._backoff: dict[str, ExponentialBackoff] = {}
+        # Per failing socket: its backoff and when it may be registered again.
+        self._backoff: dict[str, Backoff] = {}
+        self._retry_at: dict[str, float] = {}
 
     def busy(self, socket: str) -> bool:
         """Whether an operation on `socket` is under way."""
@@ -93,12 +95,12 @@ class OperationExecutor:
 
     def retry_at(self, socket: str) -> float | None:
         """When `socket` may be registered again after a failure (None: no backoff)."""
-        backoff = self._backoff.get(socket)
-        return None if backoff is None else backoff.ready_at()
+        return self._retry_at.get(socket)
 
     def forget(self, socket: str) -> None:
-        """Drop the backoff of a socket that is gone."""
+        """Drop the backoff of a socket that is gone (or registered)."""
         self._backoff.pop(socket, None)
+        self._retry_at.pop(socket, None)
 
     def reset(self) -> None:
         """Forget every operation and registration count (the manager restarts: the tasks that
@@ -108,6 +110,7 @@ class OperationExecutor:
                 metrics.REGISTERED.labels(type=record.registered_type).dec()
         self._busy = set()
         self._backoff = {}
+        self._retry_at = {}
 
     def start_register(self, nursery: trio.Nursery, wanted: DesiredPlugin) -> None:
         self._busy.add(wanted.socket)
@@ -156,20 +159,22 @@ class OperationExecutor:
             record.rejected_generation = wanted.generation
             log.error("plugin rejected", socket=record.socket, name=record.name, reason=str(exc))
             return
+        # The kubelet's per-operation exponential backoff: no jitter.
         backoff = self._backoff.setdefault(
             record.socket,
-            ExponentialBackoff(
+            Backoff(
                 self._settings.registration_backoff_initial,
                 self._settings.registration_backoff_max,
             ),
         )
-        backoff.record_failure(trio.current_time())
+        delay = backoff.next()
+        self._retry_at[record.socket] = trio.current_time() + delay
         log.warning(
             "plugin registration failed",
             socket=record.socket,
             name=record.name,
             error=str(exc),
-            retry_in=backoff.duration,
+            retry_in=delay,
         )
 
     async def _register_steps(self, wanted: DesiredPlugin, record: PluginRecord) -> None:
@@ -244,7 +249,7 @@ class OperationExecutor:
             await self._notify(channel, record, True, "")
 
     def _registered(self, record: PluginRecord) -> None:
-        self._backoff.pop(record.socket, None)
+        self.forget(record.socket)
         record.state = PluginState.REGISTERED
         record.last_error = ""
         record.probe_failures = 0

@@ -25,10 +25,13 @@ import trio
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from nodeagent.core.backoff import Backoff, Jitter
+from nodeagent.core.latest import LatestValue
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
-from nodeagent.plugins.backoff import JitteredBackoff
-from nodeagent.plugins.bridge import (
+from nodeagent.plugins.security import PeerRejected, UidCheck, allowed_uids_check, peer_check
+from nodeagent.plugins.settings import PluginSettings
+from nodeagent.rpc.bridge import (
     GrpcBridge,
     GrpcChannel,
     MalformedMessage,
@@ -37,9 +40,6 @@ from nodeagent.plugins.bridge import (
     RpcError,
     ServerStream,
 )
-from nodeagent.plugins.latest import LatestValue
-from nodeagent.plugins.security import PeerRejected, UidCheck, allowed_uids_check, peer_check
-from nodeagent.plugins.settings import PluginSettings
 
 __all__ = [
     "InvalidMessage",
@@ -409,7 +409,14 @@ class StreamingHandler(ABC, Generic[M]):
         message is not retried (and logged) at full speed.
         """
         settings = self._settings
-        backoff = JitteredBackoff(settings.stream_backoff_initial, settings.stream_backoff_max)
+        # As the seed kubelet's plugin streams retried: the first retry at once, then doubling,
+        # each delay in the upper half of its step so plugins failing together spread out.
+        backoff = Backoff(
+            settings.stream_backoff_initial,
+            settings.stream_backoff_max,
+            jitter=Jitter.below(0.5),
+            immediate_first=True,
+        )
         name = stream.plugin.name
         try:
             with stream.cancel:
@@ -458,12 +465,10 @@ class StreamingHandler(ABC, Generic[M]):
                 self._set_state(stream, "stopped")
             stream.done.set()
 
-    async def _retry_later(
-        self, stream: _Stream, backoff: JitteredBackoff, kind: str, error: str
-    ) -> None:
+    async def _retry_later(self, stream: _Stream, backoff: Backoff, kind: str, error: str) -> None:
         stream.last_error = error
         stream.restarts += 1
-        delay = backoff.next_delay()
+        delay = backoff.next()
         self._set_state(stream, "backoff")
         metrics.ERRORS.labels(kind=kind).inc()
         metrics.STREAM_RESTARTS.labels(type=self.plugin_type).inc()

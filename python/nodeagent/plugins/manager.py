@@ -14,12 +14,11 @@ from typing import Any
 
 import trio
 
+from nodeagent.core.latest import LatestValue
 from nodeagent.log import get_logger
-from nodeagent.plugins.bridge import GrpcBridge
 from nodeagent.plugins.dra import DraHandler
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.handler import PluginData, PluginHandler
-from nodeagent.plugins.latest import LatestValue
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.reconciler import Reconciler
 from nodeagent.plugins.reporter import ReporterHandler
@@ -27,6 +26,7 @@ from nodeagent.plugins.security import UidCheck, allowed_uids_check
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginState, SocketIdentity
 from nodeagent.plugins.watcher import RegistryWatcher
+from nodeagent.rpc.bridge import GrpcBridge
 
 __all__ = ["PluginManager"]
 

@@ -8,12 +8,12 @@ import trio
 
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
-from nodeagent.plugins.bridge import GrpcBridge, RpcError
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import ActualPlugin, Caches, PluginState, SocketIdentity
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc.bridge import GrpcBridge, RpcError
 
 __all__ = ["ConnectionMonitor"]
 

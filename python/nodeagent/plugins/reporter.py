@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from contextlib import AbstractAsyncContextManager
 
-from nodeagent.plugins.bridge import GrpcChannel, ServerStream
 from nodeagent.plugins.handler import InvalidMessage, PluginEndpoint, StreamingHandler
 from nodeagent.plugins.versions import require_any_version
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
+from nodeagent.rpc.bridge import GrpcChannel, ServerStream
 
 __all__ = ["REPORTER_PLUGIN_TYPE", "SUPPORTED_VERSIONS", "ReporterHandler", "validate_report"]
 

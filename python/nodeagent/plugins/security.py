@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import trio
 
-from nodeagent.plugins.bridge import ConnectCheck, RpcError
+from nodeagent.rpc.bridge import ConnectCheck, RpcError
 
 __all__ = [
     "EndpointMissing",

@@ -7,7 +7,7 @@ import os
 
 import msgspec
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 
 __all__ = ["KUBELET_PLUGINS_DIR", "PluginSettings"]
 

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 import trio
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.registry import ensure_registry_dir, scan_registry

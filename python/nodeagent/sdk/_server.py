@@ -14,9 +14,9 @@ from google.protobuf.message import Message
 from grpclib.server import Stream
 
 from nodeagent.core.latest import LatestValue
-from nodeagent.plugins.bridge import GrpcBridge, open_grpc_bridge
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc.bridge import GrpcBridge, open_grpc_bridge
 
 M = TypeVar("M", bound=Message)
 

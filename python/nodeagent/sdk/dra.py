@@ -23,9 +23,9 @@ from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.server import Stream
 
-from nodeagent.plugins.bridge import GrpcBridge
 from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
+from nodeagent.rpc.bridge import GrpcBridge
 from nodeagent.sdk._server import PluginServer, serving
 from nodeagent.sdk.devices import (
     CounterConsumption,

@@ -19,8 +19,8 @@ from typing import Any, Literal
 
 from grpclib.server import Stream
 
-from nodeagent.plugins.bridge import GrpcBridge
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
+from nodeagent.rpc.bridge import GrpcBridge
 from nodeagent.sdk._server import PluginServer, serving
 
 __all__ = ["ReportItem", "ReporterPlugin"]

@@ -24,8 +24,8 @@ import trio
 from nodeagent import __version__
 from nodeagent.config.render import to_builtins
 from nodeagent.log import get_logger
-from nodeagent.plugins.bridge import open_grpc_bridge
 from nodeagent.plugins.manager import PluginManager
+from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.component import Component, FatalError

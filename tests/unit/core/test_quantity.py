@@ -17,10 +17,14 @@ from nodeagent.core.k8s import (
     Format,
     QuantityError,
     canonicalize,
+    check_quantity_syntax,
     compare,
     parse_quantity,
     value_key,
 )
+from nodeagent.plugins.dra_native import validate_inventory_message
+from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 EXAMPLES = [
     ("1024Mi", "1Gi"),
@@ -167,3 +171,38 @@ def test_rust_compare_equals_python(a: str, b: str) -> None:
     if isinstance(_py(a), str) or isinstance(_py(b), str):
         return
     assert _native.quantity_cmp(a, b) == compare(a, b)
+
+
+def _message_check_accepts(text: str) -> bool:
+    inventory = device_pb2.Inventory()
+    device = inventory.pools.add(name="pool").devices.add(name="dev")
+    device.capacity["memory"].value = text
+    try:
+        validate_inventory_message(inventory)
+    except InvalidMessage:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("text", ["+", "-", ".", "-0.", "1e2147483648", "1Kix", "1e40"])
+def test_the_plugin_message_check_uses_this_grammar(text: str) -> None:
+    """The native message check once had its own regular expression, which rejected zeros
+    written as "+" or "." (valid upstream) and let through exponents no parser accepts."""
+    try:
+        check_quantity_syntax(text)
+        valid = True
+    except QuantityError:
+        valid = False
+    assert _message_check_accepts(text) is valid
+
+
+@settings(max_examples=500, deadline=None)
+@given(_text)
+def test_the_message_check_rejects_only_what_the_parser_rejects_for_its_grammar(text: str) -> None:
+    """What the message check lets through, the publisher parses, or rejects as out of range
+    only (for one device, not the whole message)."""
+    if _message_check_accepts(text):
+        result = _py(text)
+        assert isinstance(result, tuple) or result.endswith(ERR_RANGE)
+    else:
+        assert isinstance(_py(text), str)

@@ -13,12 +13,12 @@ from typing import Any, cast
 
 import trio
 
-from nodeagent.plugins.bridge import GrpcBridge, RpcError
+from nodeagent.core.latest import LatestValue
 from nodeagent.plugins.handler import PluginData, PluginEndpoint, PluginValidationError
-from nodeagent.plugins.latest import LatestValue
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginRecord, SocketIdentity
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc.bridge import GrpcBridge, RpcError
 
 PLUGIN_TYPE = "FakePlugin"
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import trio
 
-from nodeagent.plugins.bridge import RpcError
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.state import Caches, DesiredPlugin, PluginState
 from nodeagent.plugins.watcher import RegistryWatcher
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc.bridge import RpcError
 
 from .fakes import (
     PLUGIN_TYPE,

@@ -9,11 +9,11 @@ from typing import cast
 
 import trio
 
-from nodeagent.plugins.bridge import RpcError
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.state import ActualPlugin, Caches, PluginState, SocketIdentity
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc.bridge import RpcError
 
 from .fakes import PLUGIN_TYPE, FakeBridge, FakeRegistration, Kicks, identity, record, settings
 

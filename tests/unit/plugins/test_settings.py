@@ -3,7 +3,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.plugins.settings import PluginSettings
 
 

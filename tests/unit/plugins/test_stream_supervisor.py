@@ -13,11 +13,11 @@ import trio
 import trio.lowlevel
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins.bridge import GrpcChannel, MessageTooLarge, RpcError, ServerStream
 from nodeagent.plugins.handler import PluginEndpoint, StreamingHandler
 from nodeagent.plugins.reporter import validate_report
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+from nodeagent.rpc.bridge import GrpcChannel, MessageTooLarge, RpcError, ServerStream
 
 HANG = "hang"  # the stream stays open
 CRASH = RpcError("UNAVAILABLE", "connection reset")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.plugins import watcher as watcher_module
 from nodeagent.plugins.state import ActualPlugin, Caches
 
