@@ -32,6 +32,7 @@ from nodeagent.accumulator.notifier import Notifier
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.accumulator.sink import StoreSink
 from nodeagent.accumulator.view import QueryView
+from nodeagent.core.backoff import Backoff
 from nodeagent.kube import errors as kube_errors
 from nodeagent.kube.client import KubeClient, WriteEvent
 from nodeagent.kube.resource import Resource
@@ -96,6 +97,18 @@ class _Field:
 
 
 class Accumulator:
+    """One consistent, coalesced snapshot over several watched queries, for one consumer.
+
+    Owns, per query, a Rust `Store` (through its `QueryView`) fed by a `StoreSink` with the raw
+    bytes of the query's list and watch (`run_watch`, or the injected ``watch``), and one
+    `Notifier` for all queries. `run()` starts, in one nursery, the watch of every query
+    (kind discovery first, retried with backoff; a Forbidden list is served as empty or, with
+    `forbidden_fatal`, ends the run), the notifier and the sweep that drops own writes the
+    watch never confirmed; while it runs, writes made through the client are shown at once
+    (read-your-writes). The consumer awaits `changed()` and calls `update()`, which decodes
+    only what changed since its last call; nothing is shown before every query has listed.
+    """
+
     def __init__(
         self,
         client: AccumulatorClient,
@@ -227,13 +240,14 @@ class Accumulator:
                 task_status.started()
 
     async def _resolve(self, f: _Field) -> Resource:
-        delay = 1.0
+        backoff = Backoff(1.0, 30.0)
         while f.resource is None:
             assert isinstance(f.query.kind, str)
             try:
                 f.resource = await self._client.discover(f.query.api_version, f.query.kind)
             except (kube_errors.KubeError, OSError) as exc:
                 f.problem = f"discovery failed: {exc}"
+                delay = backoff.next()
                 log.warning(
                     "cannot resolve query kind: retrying",
                     query=f.query.name,
@@ -243,7 +257,6 @@ class Accumulator:
                     retry_in=delay,
                 )
                 await trio.sleep(delay)
-                delay = min(delay * 2, 30.0)
         f.problem = None
         return f.resource
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import msgspec
 import msgspec.yaml
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 import msgspec
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.kube.client import KubeClient, WatchOptions
 from nodeagent.kube.kubeconfig import (
     SERVICE_ACCOUNT_DIR,

@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import trio
 
+from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors
 from nodeagent.kube.auth import TlsSource, TokenSource, token_source
-from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.kubeconfig import ClusterConfig
 from nodeagent.kube.metrics import (
     API_LATENCY,
@@ -200,7 +200,8 @@ class Transport:
         503, 504 and server timeouts.
         """
         verb = verb or method.lower()
-        backoff = Backoff(*self.retry_backoff, rng=self.rng)
+        # Up to half below each step: clients that failed together do not retry together.
+        backoff = Backoff(*self.retry_backoff, jitter=Jitter.below(0.5), random=self.rng.random)
         reauthenticated = False
         attempt = 0
         while True:

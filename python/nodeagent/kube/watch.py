@@ -20,8 +20,8 @@ from typing import NoReturn, Protocol, runtime_checkable
 import httpx
 import trio
 
+from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors
-from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.client import KubeClient, selector_params
 from nodeagent.kube.metrics import WATCH_EVENTS, WATCH_RELISTS, WATCH_RESTARTS
 from nodeagent.kube.resource import Resource
@@ -206,7 +206,9 @@ async def run_watch(
     it ends the same way.
     """
     w = _Watch(client, request, sink)
-    backoff = Backoff(*client.watch_options.backoff, rng=client.rng)
+    backoff = Backoff(
+        *client.watch_options.backoff, jitter=Jitter.below(0.5), random=client.rng.random
+    )
     synced = False
     while True:
         if w.rv is None:

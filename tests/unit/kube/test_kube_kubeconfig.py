@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.kube import KubeClient, KubeSettings, load_client
 from nodeagent.kube.kubeconfig import in_cluster_config, load_kubeconfig, parse_kubeconfig
 

@@ -1,12 +1,9 @@
 from __future__ import annotations
 
-import random
-
 import pytest
 import trio
 import trio.testing
 
-from nodeagent.kube.backoff import Backoff
 from nodeagent.kube.ratelimit import TokenBucket
 
 
@@ -59,28 +56,3 @@ def test_bucket_rejects_bad_settings() -> None:
         TokenBucket(qps=0, burst=1)
     with pytest.raises(ValueError, match="burst"):
         TokenBucket(qps=1, burst=0)
-
-
-def test_backoff_grows_caps_and_resets() -> None:
-    b = Backoff(initial=0.5, maximum=30, jitter=0.0)
-    assert [b.next() for _ in range(9)] == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
-    b.reset()
-    assert b.next() == 0.5
-
-
-def test_backoff_jitter_stays_in_bounds() -> None:
-    b = Backoff(initial=1, maximum=8, jitter=0.5, rng=random.Random(7))
-    for base in [1, 2, 4, 8, 8, 8]:
-        delay = b.next()
-        assert base * 0.5 <= delay <= base
-    delays = {round(Backoff(1, 8, jitter=0.5, rng=random.Random(s)).next(), 6) for s in range(20)}
-    assert len(delays) > 10  # jitter spreads clients apart
-
-
-def test_backoff_rejects_bad_settings() -> None:
-    with pytest.raises(ValueError):
-        Backoff(initial=0, maximum=1)
-    with pytest.raises(ValueError):
-        Backoff(initial=2, maximum=1)
-    with pytest.raises(ValueError):
-        Backoff(initial=1, maximum=2, jitter=1.0)
