@@ -214,6 +214,7 @@ async def _run_asyncio(plugins: int, directory: str) -> Result:
                     all_open.set()
                 for _ in range(BURST // plugins + PACED // plugins):
                     message = await stream.recv_message()
+                    assert message is not None, "stream ended early"
                     validate_report(message)
                     last[f"p{i}"] = message
                     latency = _latency_ms(message, time.perf_counter_ns())

@@ -348,6 +348,7 @@ async def test_read_your_writes_while_watch_is_delayed(apiserver: ApiServer, ns:
             for i in range(25):
                 cm_obj = cm("counter", n=str(i))
                 secret = {"metadata": {"name": "counter"}, "stringData": {"n": str(i)}}
+                written: list[ConfigMap | Secret]
                 if i == 0:
                     written = [
                         await client.create(CONFIGMAPS, cm_obj, ns, into=ConfigMap),
@@ -499,7 +500,7 @@ async def test_relist_after_410_yields_exact_difference(
     config = client_for(apiserver, "admin").config
     async with HoldableStreams(config, watch=FAST_WATCH) as client:
         client.held, client.release = trio.Event(), trio.Event()
-        query = Query("events", "v1", "Event", namespace=ns)
+        query: Query[bytes] = Query("events", "v1", "Event", namespace=ns)
         async with accumulating(client, [query]) as acc:
             snap = Snap()
             await until(acc, snap, lambda s: len(s.events) == 3)

@@ -10,6 +10,7 @@ import sys
 import urllib.error
 import urllib.request
 import uuid
+from typing import Any
 
 import pytest
 
@@ -70,7 +71,8 @@ def test_version(srv: ApiServer) -> None:
     status, body = srv.request("GET", "/version")
     assert status == 200, body
     assert body["major"] == "1"
-    assert int(re.match(r"\d+", body["minor"]).group()) >= 34
+    minor = re.match(r"\d+", body["minor"])
+    assert minor is not None and int(minor.group()) >= 34
     assert srv.version == body["gitVersion"] and srv.version.startswith("v1.")
     assert srv.url.startswith("https://127.0.0.1:")
     assert srv.etcd_url.startswith("http://127.0.0.1:")
@@ -227,7 +229,7 @@ def test_compact_gives_410_on_old_watch(srv: ApiServer) -> None:
 def test_compact_and_restart_gives_410_on_cached_resource(srv: ApiServer) -> None:
     # ConfigMaps are served from the watch cache, which keeps its own event
     # window; after a restart the cache starts at the current revision.
-    cm = {
+    cm: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": _name("cm")},

@@ -42,7 +42,7 @@ import urllib.parse
 import urllib.request
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "ApiServer",
@@ -560,7 +560,7 @@ def start_apiserver(
 
 
 def apiserver_fixture(
-    scope: str = "session",
+    scope: Literal["session", "package", "module", "class", "function"] = "session",
     name: str = "apiserver",
     nodes: Iterable[str] = DEFAULT_NODES,
     extra_args: Sequence[str] = (),

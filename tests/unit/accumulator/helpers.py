@@ -58,6 +58,10 @@ def page(items: list[dict[str, Any]], rv: int | str = 1, kind: str = "ConfigMapL
         it.pop("kind", None)
         it.pop("apiVersion", None)
         stripped.append(it)
-    body = {"kind": kind, "apiVersion": "v1", "metadata": {"resourceVersion": str(rv)}}
+    body: dict[str, Any] = {
+        "kind": kind,
+        "apiVersion": "v1",
+        "metadata": {"resourceVersion": str(rv)},
+    }
     body["items"] = stripped
     return dump(body)

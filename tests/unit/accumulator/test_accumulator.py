@@ -48,7 +48,7 @@ class Snap:
 
 
 CMS = Query("cms", "v1", "ConfigMap", namespace="default", into=ConfigMap)
-WIDGETS_Q = Query("widgets", "example.com/v1", "Widget")
+WIDGETS_Q: Query[bytes] = Query("widgets", "example.com/v1", "Widget")  # raw: no `into`
 
 
 def metric(name: str, **labels: str) -> float:
@@ -90,7 +90,7 @@ async def notified_within(acc: Accumulator, seconds: float) -> bool:
 
 
 def names(m: ObjectMap[Any]) -> list[tuple[str, str]]:
-    return [tuple(k) for k in m]
+    return [(k.namespace, k.name) for k in m]
 
 
 async def test_no_snapshot_until_every_query_synced(autojump_clock: trio.testing.MockClock) -> None:
@@ -240,7 +240,7 @@ async def test_relist_in_progress_holds_notification(
 async def test_deltas_and_keys_are_namespaced_and_ordered(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    q = Query("cms", "v1", "ConfigMap")  # all namespaces, raw bytes
+    q: Query[bytes] = Query("cms", "v1", "ConfigMap")  # all namespaces, raw bytes
     async with running([q, WIDGETS_Q]) as (acc, client):
         await bootstrap(client, obj("x", 1, "zz"), obj("x", 2, "aa"), obj("b", 3, "aa"))
         snap = Snap()
@@ -509,7 +509,7 @@ async def test_forbidden_fatal(autojump_clock: trio.testing.MockClock) -> None:
 
 
 async def test_unknown_kind_is_retried_and_reported(autojump_clock: trio.testing.MockClock) -> None:
-    q = Query("widgets", "example.com/v1", "Gadget")
+    q: Query[bytes] = Query("widgets", "example.com/v1", "Gadget")
     async with running([CMS, q]) as (acc, client):
         await trio.sleep(5)
         reason = acc.not_ready_reason()
@@ -551,7 +551,7 @@ async def test_read_your_writes(autojump_clock: trio.testing.MockClock) -> None:
 
 
 async def test_local_write_respects_query_scope(autojump_clock: trio.testing.MockClock) -> None:
-    q = Query(
+    q: Query[bytes] = Query(
         "cms",
         "v1",
         "ConfigMap",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import httpx
@@ -14,7 +14,7 @@ import trio
 from nodeagent.kube import KubeClient
 from nodeagent.kube.kubeconfig import ClusterConfig
 
-Handler = Callable[[httpx.Request], Awaitable[httpx.Response]]
+Handler = Callable[[httpx.Request], Coroutine[Any, Any, httpx.Response]]
 
 
 def mock_client(handler: Handler, config: ClusterConfig | None = None, **kwargs: Any) -> KubeClient:

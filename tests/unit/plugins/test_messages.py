@@ -131,4 +131,4 @@ def test_bad_devices_and_attributes_do_not_refuse_the_whole_message(
 
 def test_unsupported_sdk_attribute_type_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="unsupported attribute value"):
-        build_resources([Device("a", {"x": [1, "two"]})])  # type: ignore[list-item]
+        build_resources([Device("a", {"x": [1, "two"]})])  # type: ignore[dict-item]

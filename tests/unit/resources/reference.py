@@ -207,7 +207,8 @@ def reference_plan(desired: list[Json], observed: list[Json]) -> PlanTuple:
 
     pool_name = _pool(desired[0]).get("name") or ""
     creates = [i for i, m in enumerate(match) if m is None]
-    changed, same = [], []
+    changed: list[int] = []
+    same: list[int] = []
     for i, m in enumerate(match):
         if m is None:
             continue

@@ -13,14 +13,14 @@ Json = Any
 ABSENT = object()
 
 # Spellings of one value each.
-QUANTITY_GROUPS = [
+QUANTITY_GROUPS: list[list[Json]] = [
     ["1Gi", "1073741824", "1024Mi", "1048576Ki", "1.0Gi"],
     ["1", "1000m", "1000000u", "1e0", "0.001k"],
     ["1500m", "1.5", "1500000000n"],
     ["0", "0m", "-0", None, ABSENT],
     ["2k", "2000", "2e3"],
 ]
-TIMES = [
+TIMES: list[list[Json]] = [
     ["2024-05-01T10:00:00Z", "2024-05-01T12:00:00+02:00", "2024-05-01T10:00:01Z"],
     ["2024-05-01T10:00:05Z", "2024-05-01T10:00:04Z"],
     [None, ABSENT],
@@ -60,7 +60,7 @@ def device(draw: st.DrawFn, name: str) -> dict[str, Json]:
             st.sampled_from(["mem", "cores"]), st.integers(0, len(QUANTITY_GROUPS) - 1), max_size=2
         )
     )
-    if caps or draw(st.booleans()):
+    if bool(caps) or draw(st.booleans()):
         capacity: dict[str, Json] = {}
         for k, g in caps.items():
             v = QUANTITY_GROUPS[g][0]

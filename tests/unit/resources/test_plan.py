@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from nodeagent import _native
+from nodeagent._native import PoolPlan
 from tests.unit.resources.reference import PlanTuple, reference_plan
 
-Planner = Callable[[list[Any], list[Any]], PlanTuple]
+# Both planners: the Rust one returns named tuples, the reference plain ones; they compare equal.
+Planner = Callable[[list[Any], list[Any]], PoolPlan | PlanTuple]
 
 
-def _rust(desired: list[Any], observed: list[Any]) -> PlanTuple:
+def _rust(desired: list[Any], observed: list[Any]) -> PoolPlan:
     enc = json.dumps
     return _native.plan_pool(
         [enc(d).encode() for d in desired], [enc(o).encode() for o in observed]

@@ -364,7 +364,7 @@ async def test_standalone_shows_the_desired_slices(autojump_clock: Any) -> None:
 )
 def test_invalid_settings_name_the_field(field: str, value: float) -> None:
     with pytest.raises(ConfigError) as exc:
-        ResourcesSettings(**{field: value}).validate()
+        ResourcesSettings(**{field: value}).validate()  # type: ignore[arg-type]
     assert exc.value.field == f"resources.{field}"
 
 

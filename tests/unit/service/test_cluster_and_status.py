@@ -45,12 +45,12 @@ async def test_cluster_readiness_follows_the_probe(autojump_clock: trio.testing.
     client = FakeClient()
     cluster = ClusterComponent(
         KubeSettings(),
-        load_client=lambda s: client,
+        load_client=lambda s: client,  # type: ignore[arg-type,return-value]  # a fake KubeClient
         probe=probe,
-        probe_interval=10,  # type: ignore[arg-type,return-value]
+        probe_interval=10,
     )
     async with cluster.connected() as opened, trio.open_nursery() as nursery:
-        assert opened is client and cluster.client is client
+        assert opened is client and cluster.client is client  # type: ignore[comparison-overlap]
         await nursery.start(cluster.run)
         await trio.testing.wait_all_tasks_blocked()
         assert cluster.mode == "cluster" and client.entered == 1
