@@ -1,0 +1,293 @@
+"""The package picture is enforced: imports point down the layers only, and every package's
+public surface is exactly its listed `__all__` (in the style of httpx's
+tests/test_exported_members.py and trio's export tests).
+
+Every import counts, wherever it is written: module level, inside functions, and under
+`TYPE_CHECKING` (a type-only import is still a dependency a reader must follow). A new package,
+or a new edge between packages, is a decision: add it to the tables below, downward only.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import importlib
+import types
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import nodeagent
+
+ROOT = Path(nodeagent.__file__).resolve().parent
+
+# The layers, top first: a package may import only packages in lower layers. The leaves import
+# no other nodeagent package, except `config` (TOML loading), which raises `core`'s ConfigError.
+LAYERS: list[set[str]] = [
+    {"__main__"},
+    {"cli"},
+    {"service"},  # the composition root: the one package that imports the components
+    {"resources"},
+    {"accumulator", "sdk"},
+    {"plugins", "kube"},
+    {"config", "rpc"},
+    {"core", "log", "protos", "_native", "nodeagent"},
+]
+
+# The edges that exist, each a decision. `nodeagent` is the top-level package itself
+# (`__version__`).
+ALLOWED: dict[str, set[str]] = {
+    "__main__": {"cli"},
+    "cli": {"nodeagent", "service", "config", "core", "log"},
+    "service": {
+        "nodeagent",
+        "resources",
+        "accumulator",
+        "plugins",
+        "kube",
+        "rpc",
+        "config",
+        "core",
+        "log",
+    },
+    "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
+    "accumulator": {"kube", "core", "log", "_native"},
+    "sdk": {"rpc", "core", "protos"},
+    "plugins": {"rpc", "core", "log", "protos"},
+    "kube": {"core", "log"},
+    "config": {"core"},
+    "rpc": set(),
+    "core": set(),
+    "log": set(),
+    "protos": set(),
+    "_native": set(),
+    "nodeagent": set(),
+}
+
+# Each package's public names: exactly these are in its __init__'s `__all__`, and nothing else
+# public is defined there. An empty set: the package is imported module by module. `protos` is
+# generated (scripts/gen-protos) and imported module by module.
+EXPORTS: dict[str, set[str]] = {
+    "nodeagent": {"__version__"},
+    "accumulator": {
+        "Accumulator",
+        "AccumulatorClient",
+        "AccumulatorSettings",
+        "Delta",
+        "DeltaType",
+        "ObjectKey",
+        "ObjectMap",
+        "Query",
+        "QueryForbiddenError",
+        "QueryState",
+        "QueryStatus",
+        "Watch",
+    },
+    "config": set(),
+    "core": set(),
+    "kube": {
+        "CONFIGMAPS",
+        "CORE_EVENTS",
+        "CUSTOMRESOURCEDEFINITIONS",
+        "ClusterConfig",
+        "EVENTS",
+        "FeedResult",
+        "KubeClient",
+        "KubeSettings",
+        "LEASES",
+        "ListFailureSink",
+        "ListPage",
+        "ListResult",
+        "NAMESPACES",
+        "NODES",
+        "RESOURCESLICES",
+        "Resource",
+        "WatchError",
+        "WatchOptions",
+        "WatchRequest",
+        "WatchSink",
+        "WriteEvent",
+        "in_cluster_config",
+        "load_client",
+        "load_kubeconfig",
+        "run_watch",
+    },
+    "plugins": {
+        "DraHandler",
+        "PluginData",
+        "PluginEndpoint",
+        "PluginHandler",
+        "PluginManager",
+        "PluginSettings",
+        "ReporterHandler",
+    },
+    "resources": set(),
+    "rpc": {
+        "ConnectCheck",
+        "GrpcBridge",
+        "GrpcChannel",
+        "MalformedMessage",
+        "MessageRejected",
+        "MessageTooLarge",
+        "RpcError",
+        "ServerStream",
+        "open_grpc_bridge",
+    },
+    "sdk": {
+        "CounterConsumption",
+        "CounterSet",
+        "Device",
+        "DevicePlugin",
+        "Pool",
+        "Quantity",
+        "ReportItem",
+        "ReporterPlugin",
+        "SemVer",
+        "Taint",
+        "build_inventory",
+        "build_report",
+        "build_resources",
+        "default_pool_name",
+    },
+    "service": set(),
+}
+
+
+def _package_of(module: str) -> str | None:
+    """`nodeagent.kube.client` -> "kube"; `nodeagent` -> "nodeagent"; other roots -> None."""
+    parts = module.split(".")
+    if parts[0] != "nodeagent":
+        return None
+    return parts[1] if len(parts) > 1 else "nodeagent"
+
+
+def _source_files() -> Iterator[tuple[str, Path]]:
+    for path in sorted(ROOT.rglob("*.py")):
+        relative = path.relative_to(ROOT).with_suffix("")
+        parts = ["nodeagent", *relative.parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        yield ".".join(parts), path
+
+
+def _is_submodule(name: str) -> bool:
+    return (ROOT / name).is_dir() or (ROOT / f"{name}.py").is_file() or name == "_native"
+
+
+def _imported(module: str, path: Path) -> Iterator[tuple[int, str]]:
+    """(line, imported module) of every import in the file, at any depth."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            if base != "nodeagent":
+                yield node.lineno, base
+                continue
+            for alias in node.names:  # `from nodeagent import _native, __version__`
+                submodule = _is_submodule(alias.name)
+                yield node.lineno, f"nodeagent.{alias.name}" if submodule else "nodeagent"
+
+
+def _edges() -> dict[tuple[str, str], list[str]]:
+    """(importer package, imported package) -> where ("file:line")."""
+    edges: dict[tuple[str, str], list[str]] = {}
+    for module, path in _source_files():
+        source = _package_of(module)
+        assert source is not None
+        for line, target_module in _imported(module, path):
+            target = _package_of(target_module)
+            if target is None or target == source:
+                continue
+            where = f"{path.relative_to(ROOT.parent)}:{line}"
+            edges.setdefault((source, target), []).append(where)
+    return edges
+
+
+def _packages_on_disk() -> set[str]:
+    names = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    names |= {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
+    return names | {"_native", "nodeagent"}
+
+
+def test_every_package_is_placed_in_a_layer() -> None:
+    placed = set().union(*LAYERS)
+    assert placed == set(ALLOWED)
+    assert _packages_on_disk() == placed
+
+
+def test_the_allowed_graph_points_down_the_layers_only() -> None:
+    rank = {name: i for i, layer in enumerate(LAYERS) for name in layer}
+    upward = {(a, b) for a, targets in ALLOWED.items() for b in targets if rank[b] <= rank[a]}
+    assert upward == set()
+    # No cycles, whatever the layers say.
+    graphlib.TopologicalSorter(ALLOWED).prepare()
+
+
+def test_imports_follow_the_allowed_graph() -> None:
+    violations = [
+        f"{a} -> {b}: {', '.join(where)}"
+        for (a, b), where in sorted(_edges().items())
+        if b not in ALLOWED[a]
+    ]
+    assert violations == []
+
+
+def test_every_allowed_edge_is_used() -> None:
+    """A stale allowance would let a layer violation in unnoticed: drop it when the code does."""
+    used = set(_edges())
+    unused = {(a, b) for a, targets in ALLOWED.items() for b in targets if (a, b) not in used}
+    assert unused == set()
+
+
+def test_imports_inside_functions_and_type_checking_count(tmp_path: Path) -> None:
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    from nodeagent.plugins.handler import PluginData\n"
+        "def f() -> None:\n"
+        "    import nodeagent.kube.client\n"
+        "    from nodeagent import _native, core\n"
+        "    from . import sibling\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    found = {name for _, name in _imported("nodeagent.resources.mod", path)}
+    assert {
+        "nodeagent.plugins.handler",
+        "nodeagent.kube.client",
+        "nodeagent._native",
+        "nodeagent.core",
+        "nodeagent.resources",
+    } <= found
+
+
+@pytest.mark.parametrize("package", sorted(EXPORTS))
+def test_package_exports_exactly_its_listed_names(package: str) -> None:
+    module = importlib.import_module(
+        "nodeagent" if package == "nodeagent" else f"nodeagent.{package}"
+    )
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{package}/__init__.py has no __all__"
+    assert len(exported) == len(set(exported)), "duplicates in __all__"
+    assert set(exported) == EXPORTS[package]
+    for name in exported:
+        assert hasattr(module, name), f"{package}.__all__ names {name!r}, which does not exist"
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public <= set(exported), f"public but not exported: {sorted(public - set(exported))}"
+
+
+def test_every_package_has_an_export_list() -> None:
+    packages = {p for p in _packages_on_disk() if (ROOT / p).is_dir()} - {"protos"}
+    assert set(EXPORTS) == packages | {"nodeagent"}
