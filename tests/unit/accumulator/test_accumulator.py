@@ -29,7 +29,7 @@ from nodeagent.accumulator import (
     QueryStatus,
 )
 from nodeagent.accumulator.sink import StoreSink
-from nodeagent.config.errors import ConfigError
+from nodeagent.core.errors import ConfigError
 from nodeagent.kube import errors
 from nodeagent.kube.client import WriteEvent
 from nodeagent.kube.models import ConfigMap
