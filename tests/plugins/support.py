@@ -13,7 +13,9 @@ from grpclib.const import Status
 from grpclib.server import Stream
 
 from nodeagent.core.latest import LatestValue
-from nodeagent.plugins import PluginManager
+from nodeagent.plugins import PluginData, PluginManager
+from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc
@@ -52,6 +54,29 @@ def plugin_status(manager: PluginManager, name: str) -> dict[str, Any] | None:
 def state_of(manager: PluginManager, name: str) -> str | None:
     item = plugin_status(manager, name)
     return None if item is None else item["state"]
+
+
+def status_item(manager: PluginManager, name: str) -> dict[str, Any]:
+    """`plugin_status` of a plugin the test knows is there."""
+    item = plugin_status(manager, name)
+    assert item is not None, f"no plugin {name!r} in the manager's status"
+    return item
+
+
+# PluginData holds any plugin type's message: these give a test the one it expects, typed.
+def report_of(data: PluginData) -> rep.GetReportContentResponse:
+    assert isinstance(data.message, rep.GetReportContentResponse), type(data.message)
+    return data.message
+
+
+def resources_of(data: PluginData) -> dra.NodeListAndWatchResourcesResponse:
+    assert isinstance(data.message, dra.NodeListAndWatchResourcesResponse), type(data.message)
+    return data.message
+
+
+def inventory_of(data: PluginData) -> device_pb2.Inventory:
+    assert isinstance(data.message, device_pb2.Inventory), type(data.message)
+    return data.message
 
 
 @dataclass

@@ -34,13 +34,15 @@ from tests.plugins.support import (
     ScriptedRegistration,
     plugin_status,
     report,
+    report_of,
     state_of,
+    status_item,
     wait_until,
 )
 
 
 def _value(data: PluginData) -> bytes:
-    value: bytes = data.message.content[0].field[0].value  # type: ignore[attr-defined]
+    value: bytes = report_of(data).content[0].field[0].value
     return value
 
 
@@ -123,7 +125,7 @@ async def test_plugin_crashing_mid_stream_is_restarted_with_backoff(
         await wait_until(manager, lambda: reporter.calls >= 4 and "crashy" in channel.value)
         await wait_until(
             manager,
-            lambda: channel.value["crashy"].message.content[0].field[0].value == b"4",
+            lambda: report_of(channel.value["crashy"]).content[0].field[0].value == b"4",
         )
         status = plugin_status(manager, "crashy")
         assert status is not None
@@ -154,7 +156,7 @@ async def test_plugin_process_restarting_on_the_same_path_re_registers(
                 manager,
                 lambda g=generation: (
                     "phoenix" in channel.value  # type: ignore[misc]
-                    and channel.value["phoenix"].message.content[0].field[0].value
+                    and report_of(channel.value["phoenix"]).content[0].field[0].value
                     == str(g).encode()
                 ),
             )
@@ -179,7 +181,7 @@ async def test_two_reporters_with_the_same_name_newest_wins(
                 await second.wait_registered()
             await wait_until(
                 manager,
-                lambda: channel.value["dup"].message.content[0].field[0].value == b'"second"',
+                lambda: report_of(channel.value["dup"]).content[0].field[0].value == b'"second"',
             )
             by_socket = {s["socket"]: s for s in manager.status()}
             assert (
@@ -191,7 +193,7 @@ async def test_two_reporters_with_the_same_name_newest_wins(
             await second.report([ReportItem("g", "v1alpha1", "K", "Status", "who", "second-2")])
             await wait_until(
                 manager,
-                lambda: channel.value["dup"].message.content[0].field[0].value == b'"second-2"',
+                lambda: report_of(channel.value["dup"]).content[0].field[0].value == b'"second-2"',
             )
         # The replaced plugin leaving does not stop the newer one's data.
     await wait_until(manager, lambda: not channel.value["dup"].registered)
@@ -322,19 +324,19 @@ async def test_invalid_and_oversized_messages_are_rejected_and_last_good_data_ke
             rep.GetReportContentResponse(content=[rep.ReportContent(field=[])]),
         ):
             await plugin.publish_message(bad)
-            rejected = plugin_status(manager, "bad")["messages_rejected"]  # type: ignore[index]
+            rejected = status_item(manager, "bad")["messages_rejected"]
             await wait_until(
                 manager,
-                lambda r=rejected: plugin_status(manager, "bad")["messages_rejected"] > r,  # type: ignore[index,misc]
+                lambda r=rejected: status_item(manager, "bad")["messages_rejected"] > r,  # type: ignore[misc]
             )
         await plugin.publish_message(report("huge", json.dumps("x" * 4096).encode()))
         await wait_until(
             manager,
-            lambda: plugin_status(manager, "bad")["messages_rejected"] == 4,  # type: ignore[index]
+            lambda: status_item(manager, "bad")["messages_rejected"] == 4,
         )
         assert _errors("message_invalid") == invalid_before + 3
         assert _errors("message_too_large") == large_before + 1
-        assert channel.value["bad"].message.content[0].field[0].fieldName == "good"
+        assert report_of(channel.value["bad"]).content[0].field[0].fieldName == "good"
         status = plugin_status(manager, "bad")
         assert status is not None
         assert status["last_message"]["content"][0]["field"][0]["fieldName"] == "good"
@@ -342,9 +344,9 @@ async def test_invalid_and_oversized_messages_are_rejected_and_last_good_data_ke
         await plugin.publish_message(report("better", b"2"))
         await wait_until(
             manager,
-            lambda: channel.value["bad"].message.content[0].field[0].fieldName == "better",
+            lambda: report_of(channel.value["bad"]).content[0].field[0].fieldName == "better",
         )
-        assert plugin_status(manager, "bad")["stream_restarts"] == 0  # type: ignore[index]
+        assert status_item(manager, "bad")["stream_restarts"] == 0
 
 
 async def test_unimplemented_stream_stops_without_forgetting_the_plugin(
@@ -507,7 +509,10 @@ async def test_malformed_protobuf_is_rejected_and_the_stream_goes_on(
     manager: PluginManager, bridge: GrpcBridge, registry: str
 ) -> None:
     path = os.path.join(registry, "garbage.sock")
-    services = [ScriptedRegistration(_info("garbage")), _GarbageReporter(0)]
+    services: list[ScriptedRegistration | _GarbageReporter] = [
+        ScriptedRegistration(_info("garbage")),
+        _GarbageReporter(0),
+    ]
 
     async def start() -> Server:
         server = Server(services, codec=_RawCodec())
@@ -526,7 +531,7 @@ async def test_malformed_protobuf_is_rejected_and_the_stream_goes_on(
             manager,
             lambda: (
                 "garbage" in channel.value
-                and channel.value["garbage"].message.content[0].field[0].fieldName == "after"
+                and report_of(channel.value["garbage"]).content[0].field[0].fieldName == "after"
             ),
         )
         status = plugin_status(manager, "garbage")

@@ -13,7 +13,9 @@ import pytest
 import trio
 
 from nodeagent.plugins import PluginManager
+from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from tests.plugins.support import WAIT, state_of, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,14 +86,16 @@ async def _run_plugin(
         def current() -> object:
             message = channel.value[name].message
             if kind == "reporter":
-                return json.loads(message.content[0].field[0].value)  # type: ignore[attr-defined]
+                assert isinstance(message, rep.GetReportContentResponse)
+                return json.loads(message.content[0].field[0].value)
             if kind == "native":
                 assert isinstance(message, device_pb2.Inventory)
                 (pool,) = message.pools
                 assert pool.name == "grpcio-pool"
                 assert all(d.capacity["mem"].value == "1Gi" for d in pool.devices)
                 return len(pool.devices)
-            return len(message.resources[0].namedResources.instances)  # type: ignore[attr-defined]
+            assert isinstance(message, dra.NodeListAndWatchResourcesResponse)
+            return len(message.resources[0].namedResources.instances)
 
         assert current() == 1
         await process.stdin.send_all(b"value 3\n")

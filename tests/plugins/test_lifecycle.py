@@ -13,7 +13,14 @@ from nodeagent.plugins import PluginData, PluginManager
 from nodeagent.resources.inventory import InventoryTracker
 from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin, Quantity, ReporterPlugin, ReportItem
-from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
+from tests.plugins.support import (
+    WAIT,
+    plugin_status,
+    report_of,
+    resources_of,
+    state_of,
+    wait_until,
+)
 
 
 def _item(value: object) -> ReportItem:
@@ -28,7 +35,7 @@ def _item(value: object) -> ReportItem:
 
 
 def _instances(data: PluginData) -> list[object]:
-    return list(data.message.resources[0].namedResources.instances)  # type: ignore[attr-defined]
+    return list(resources_of(data).resources[0].namedResources.instances)
 
 
 def _metric(name: str, **labels: str) -> float:
@@ -51,7 +58,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
                 version, data = await channel.wait_newer(version)
         first = data["cpu"]
         assert first.registered
-        assert json.loads(first.message.content[0].field[0].value) == {"cpu": 1}
+        assert json.loads(report_of(first).content[0].field[0].value) == {"cpu": 1}
         status = plugin_status(manager, "cpu")
         assert status is not None
         assert status["state"] == "registered"
@@ -69,7 +76,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
 
         await plugin.report([_item({"cpu": 2})])
         with trio.fail_after(WAIT):
-            while json.loads(data["cpu"].message.content[0].field[0].value) != {"cpu": 2}:
+            while json.loads(report_of(data["cpu"]).content[0].field[0].value) != {"cpu": 2}:
                 version, data = await channel.wait_newer(version)
         status = plugin_status(manager, "cpu")
         assert status is not None
@@ -84,7 +91,7 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
     await wait_until(manager, lambda: state_of(manager, "cpu") == "deregistered")
     stale = channel.value["cpu"]
     assert not stale.registered
-    assert json.loads(stale.message.content[0].field[0].value) == {"cpu": 2}
+    assert json.loads(report_of(stale).content[0].field[0].value) == {"cpu": 2}
 
     # Re-appears: registers again and streams again.
     async with ReporterPlugin.serve(name="cpu", registry_dir=registry, bridge=bridge) as plugin:
@@ -96,7 +103,8 @@ async def test_reporter_appears_registers_streams_updates_leaves_and_returns(
             lambda: (
                 channel.value.get("cpu") is not None
                 and channel.value["cpu"].registered
-                and json.loads(channel.value["cpu"].message.content[0].field[0].value) == {"cpu": 3}
+                and json.loads(report_of(channel.value["cpu"]).content[0].field[0].value)
+                == {"cpu": 3}
             ),
         )
         assert state_of(manager, "cpu") == "registered"
@@ -122,7 +130,7 @@ async def test_dra_plugin_with_separate_endpoint_streams_devices(
         status = plugin_status(manager, "gpu.example.com")
         assert status is not None
         assert status["endpoint"] == os.path.join(registry, ".gpu.example.com-dra.sock")
-        message = channel.value["gpu.example.com"].message
+        message = resources_of(channel.value["gpu.example.com"])
         instance = message.resources[0].namedResources.instances[0]
         assert instance.name == "gpu-0"
         assert instance.attributes[0].attributeValue.quantity.string == "40Gi"
@@ -131,7 +139,11 @@ async def test_dra_plugin_with_separate_endpoint_streams_devices(
         await wait_until(
             manager,
             lambda: (
-                len(channel.value["gpu.example.com"].message.resources[0].namedResources.instances)
+                len(
+                    resources_of(channel.value["gpu.example.com"])
+                    .resources[0]
+                    .namedResources.instances
+                )
                 == 2
             ),
         )
@@ -153,7 +165,7 @@ async def test_socket_deleted_while_streaming_deregisters_and_keeps_data(
         assert status is not None
         assert status["stream_state"] == "stopped"
         assert not channel.value["mem"].registered
-        assert json.loads(channel.value["mem"].message.content[0].field[0].value) == {"mem": 1}
+        assert json.loads(report_of(channel.value["mem"]).content[0].field[0].value) == {"mem": 1}
 
 
 async def test_registry_dir_is_created_private_and_dot_files_are_ignored(

@@ -13,7 +13,14 @@ from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin, Pool, Taint, build_inventory
-from tests.plugins.support import WAIT, plugin_status, state_of, wait_until
+from tests.plugins.support import (
+    WAIT,
+    inventory_of,
+    plugin_status,
+    state_of,
+    status_item,
+    wait_until,
+)
 
 
 def _invalid_errors() -> float:
@@ -94,8 +101,7 @@ async def test_malformed_native_message_is_rejected_and_the_last_good_one_kept(
         await wait_until(
             manager,
             lambda: (
-                [d.name for d in channel.value["drv"].message.pools[0].devices]  # type: ignore[attr-defined]
-                == ["good-1"]
+                [d.name for d in inventory_of(channel.value["drv"]).pools[0].devices] == ["good-1"]
             ),
         )
 
@@ -118,8 +124,8 @@ async def test_native_registration_of_a_taken_name_replaces_the_old_one(
                 await second.wait_registered()
 
             def devices() -> list[str]:
-                message = channel.value["drv"].message
-                return [d.name for d in message.pools[0].devices]  # type: ignore[attr-defined]
+                message = inventory_of(channel.value["drv"])
+                return [d.name for d in message.pools[0].devices]
 
             await wait_until(manager, lambda: devices() == ["new"])
             streams = {
@@ -146,5 +152,5 @@ async def test_seed_and_native_plugins_share_the_dra_channel(
         await wait_until(manager, lambda: {"old", "new"} <= channel.value.keys())
         assert isinstance(channel.value["old"].message, dra.NodeListAndWatchResourcesResponse)
         assert isinstance(channel.value["new"].message, device_pb2.Inventory)
-        assert plugin_status(manager, "old")["api"] == "seed"  # type: ignore[index]
-        assert plugin_status(manager, "new")["api"] == "native"  # type: ignore[index]
+        assert status_item(manager, "old")["api"] == "seed"
+        assert status_item(manager, "new")["api"] == "native"

@@ -66,8 +66,8 @@ async def test_probe_deregistration_keeps_the_slices_for_the_disconnect_grace(
         node_name="node-a",
         inventories=channel,
         settings=ResourcesSettings(startup_grace=0.0, disconnect_grace=grace),
-        client=cluster,  # type: ignore[arg-type]
-        slices=cluster.source,  # type: ignore[arg-type]
+        client=cluster,
+        slices=cluster.source,
     )
     await nursery.start(publisher.run)
     watcher = cluster.source

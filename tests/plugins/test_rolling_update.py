@@ -12,7 +12,7 @@ import trio
 from nodeagent.plugins import PluginManager
 from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin, ReporterPlugin, ReportItem
-from tests.plugins.support import WAIT, plugin_status, wait_until
+from tests.plugins.support import WAIT, inventory_of, plugin_status, report_of, wait_until
 
 
 def _item(value: str) -> ReportItem:
@@ -32,7 +32,7 @@ async def test_reporter_older_registration_is_served_again_when_the_newer_goes(
         data = channel.value.get("roll")
         if data is None or not data.registered:
             return None
-        return str(json.loads(data.message.content[0].field[0].value))  # type: ignore[attr-defined]
+        return str(json.loads(report_of(data).content[0].field[0].value))
 
     async with ReporterPlugin.serve(
         name="roll", registry_dir=os.path.join(registry, "old"), bridge=bridge
@@ -68,7 +68,7 @@ async def test_native_dra_older_registration_is_served_again_when_the_newer_goes
         data = channel.value.get("drv.example.com")
         if data is None or not data.registered:
             return None
-        return [d.name for p in data.message.pools for d in p.devices]  # type: ignore[attr-defined]
+        return [d.name for p in inventory_of(data).pools for d in p.devices]
 
     async with DevicePlugin.serve(
         name="drv.example.com", registry_dir=os.path.join(registry, "a"), bridge=bridge, pool="p"

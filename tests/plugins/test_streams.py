@@ -24,6 +24,7 @@ from tests.plugins.support import (
     ScriptedRegistration,
     plugin_status,
     report,
+    report_of,
     state_of,
     wait_until,
 )
@@ -60,7 +61,7 @@ async def test_a_flood_is_processed_newest_first_and_the_last_message_always(
             manager,
             lambda: (
                 "flood" in channel.value
-                and channel.value["flood"].message.content[0].field[0].value  # type: ignore[attr-defined]
+                and report_of(channel.value["flood"]).content[0].field[0].value
                 == str(count).encode()
             ),
         )
@@ -116,7 +117,7 @@ async def test_every_stream_connection_is_checked_for_an_allowed_peer(
 
     def who() -> bytes:
         data = channel.value.get("swap")
-        return b"" if data is None else bytes(data.message.content[0].field[0].value)  # type: ignore[attr-defined]
+        return b"" if data is None else bytes(report_of(data).content[0].field[0].value)
 
     def stream_error() -> str:
         return str((plugin_status(manager, "swap") or {}).get("stream_error", ""))

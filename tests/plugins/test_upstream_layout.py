@@ -19,7 +19,14 @@ from nodeagent.resources.inventory import InventoryTracker
 from nodeagent.rpc import GrpcBridge
 from nodeagent.sdk import Device, DevicePlugin
 from tests.plugins.conftest import fast_settings
-from tests.plugins.support import WAIT, ScriptedRegistration, plugin_status, state_of, wait_until
+from tests.plugins.support import (
+    WAIT,
+    ScriptedRegistration,
+    plugin_status,
+    resources_of,
+    state_of,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -58,8 +65,8 @@ async def test_a_driver_with_the_upstream_layout_registers_and_streams(
         assert row is not None
         assert (row["state"], row["api"], row["stream_state"]) == ("registered", "seed", "open")
         assert row["endpoint"] == endpoint
-        message = channel.value["gpu.example.com"].message
-        assert message.resources[0].namedResources.instances[0].name == "gpu.0"  # type: ignore[attr-defined]
+        message = resources_of(channel.value["gpu.example.com"])
+        assert message.resources[0].namedResources.instances[0].name == "gpu.0"
     await wait_until(manager, lambda: state_of(manager, "gpu.example.com") == "deregistered")
 
 

@@ -126,7 +126,9 @@ def _status(handler: _ScriptedHandler, name: str = "p") -> dict[str, Any]:
 
 
 def _field(handler: _ScriptedHandler, name: str = "p") -> str:
-    return str(handler.latest.value[name].message.content[0].field[0].fieldName)  # type: ignore[attr-defined]
+    message = handler.latest.value[name].message
+    assert isinstance(message, rep.GetReportContentResponse)
+    return str(message.content[0].field[0].fieldName)
 
 
 def _metric(name: str, **labels: str) -> float:
