@@ -31,7 +31,7 @@ from nodeagent.accumulator import (
 from nodeagent.accumulator.sink import StoreSink
 from nodeagent.core.errors import ConfigError
 from nodeagent.kube import errors
-from nodeagent.kube.client import WriteEvent
+from nodeagent.kube.client import Verb, WriteEvent
 from nodeagent.kube.models import ConfigMap
 from nodeagent.kube.resource import CONFIGMAPS
 from nodeagent.kube.watch import WatchSink
@@ -519,8 +519,8 @@ async def test_unknown_kind_is_retried_and_reported(autojump_clock: trio.testing
         assert acc.not_ready_reason() == "cms: not synced"
 
 
-def write(verb: str, o: dict[str, Any] | None, name: str = "a", ns: str = "default") -> WriteEvent:
-    return WriteEvent(CONFIGMAPS, verb, ns, name, dump(o) if o is not None else None)  # type: ignore[arg-type]
+def write(verb: Verb, o: dict[str, Any] | None, name: str = "a", ns: str = "default") -> WriteEvent:
+    return WriteEvent(CONFIGMAPS, verb, ns, name, dump(o) if o is not None else None)
 
 
 async def test_read_your_writes(autojump_clock: trio.testing.MockClock) -> None:
