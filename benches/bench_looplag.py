@@ -36,7 +36,7 @@ import trio
 from benches.report import print_uncaptured
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
-from nodeagent.plugins.handler import PluginData
+from nodeagent.core.plugindata import PluginData
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.model import desired_slices
 from nodeagent.resources.publisher import Publisher

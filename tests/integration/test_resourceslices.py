@@ -17,10 +17,10 @@ import trio.testing
 
 from nodeagent.accumulator import Accumulator
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
 from nodeagent.kube import NODES, RESOURCESLICES, KubeClient, errors
 from nodeagent.kube.metrics import WATCH_EVENTS
 from nodeagent.kube.models import Node
-from nodeagent.plugins.handler import PluginData
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings

@@ -11,8 +11,9 @@ per-socket records and `PluginState`), `watcher` (registry scan), `reconciler`, 
 `manager.PluginManager` composes them.
 """
 
+from nodeagent.core.plugindata import PluginData
 from nodeagent.plugins.dra import DraHandler
-from nodeagent.plugins.handler import PluginData, PluginEndpoint, PluginHandler
+from nodeagent.plugins.handler import PluginEndpoint, PluginHandler
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.plugins.settings import PluginSettings

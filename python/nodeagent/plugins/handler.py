@@ -27,6 +27,7 @@ from google.protobuf.message import Message
 
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.security import PeerRejected, UidCheck, allowed_uids_check, peer_check
@@ -43,7 +44,6 @@ from nodeagent.rpc.bridge import (
 
 __all__ = [
     "InvalidMessage",
-    "PluginData",
     "PluginEndpoint",
     "PluginHandler",
     "PluginValidationError",
@@ -72,18 +72,6 @@ class PluginEndpoint:
     socket: str
     endpoint: str
     versions: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class PluginData:
-    """The last valid message of one plugin, as handed to consumers."""
-
-    name: str
-    plugin_type: str
-    endpoint: str
-    message: Message
-    received_at: float  # wall-clock seconds
-    registered: bool  # False once deregistered: the data is kept (for a grace), marked stale
 
 
 class PluginHandler(Protocol):

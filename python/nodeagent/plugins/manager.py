@@ -15,10 +15,11 @@ from typing import Any
 import trio
 
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.plugins.dra import DraHandler
 from nodeagent.plugins.executor import OperationExecutor
-from nodeagent.plugins.handler import PluginData, PluginHandler
+from nodeagent.plugins.handler import PluginHandler
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.reconciler import Reconciler
 from nodeagent.plugins.reporter import ReporterHandler

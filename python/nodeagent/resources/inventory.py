@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from google.protobuf.message import Message
 
+from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
@@ -56,7 +56,7 @@ class InventoryTracker:
         # (reason, message) of problems a plugin author must see (Events on the Node).
         self._report = report or (lambda reason, message: None)
 
-    def unseen(self, plugins: Mapping[str, Any]) -> dict[str, Message]:
+    def unseen(self, plugins: Mapping[str, PluginData]) -> dict[str, Message]:
         """The plugins' messages `update` has not taken in yet."""
         out: dict[str, Message] = {}
         for name, data in plugins.items():
@@ -67,7 +67,7 @@ class InventoryTracker:
 
     def update(
         self,
-        plugins: Mapping[str, Any],
+        plugins: Mapping[str, PluginData],
         now: float,
         converted: Mapping[str, Converted] | None = None,
     ) -> set[str]:

@@ -38,6 +38,7 @@ from google.protobuf.message import Message
 from nodeagent import _native
 from nodeagent.accumulator.model import Query, QueryStatus
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
 from nodeagent.kube import NODES, RESOURCESLICES
 from nodeagent.kube.errors import ApiError, Conflict, KubeError, NotFound
 from nodeagent.log import get_logger
@@ -224,7 +225,7 @@ class Publisher:
         self,
         *,
         node_name: str,
-        inventories: LatestValue[Mapping[str, Any]],
+        inventories: LatestValue[Mapping[str, PluginData]],
         settings: ResourcesSettings | None = None,
         client: SliceWriter | None = None,
         slices: SliceSource | None = None,

@@ -20,6 +20,7 @@ import trio
 from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.client import KubeClient
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
@@ -35,7 +36,7 @@ class ResourcesComponent:
         self,
         *,
         node_name: str,
-        inventories: LatestValue[Mapping[str, Any]],
+        inventories: LatestValue[Mapping[str, PluginData]],
         settings: ResourcesSettings,
         accumulator_settings: AccumulatorSettings,
         client: KubeClient | None = None,

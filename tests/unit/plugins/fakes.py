@@ -14,7 +14,8 @@ from typing import Any, cast
 import trio
 
 from nodeagent.core.latest import LatestValue
-from nodeagent.plugins.handler import PluginData, PluginEndpoint, PluginValidationError
+from nodeagent.core.plugindata import PluginData
+from nodeagent.plugins.handler import PluginEndpoint, PluginValidationError
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginRecord, SocketIdentity
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg

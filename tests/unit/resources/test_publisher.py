@@ -15,8 +15,8 @@ import trio.testing
 
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.errors import Conflict
-from nodeagent.plugins.handler import PluginData
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher

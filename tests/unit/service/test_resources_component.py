@@ -98,7 +98,7 @@ def test_slice_summary_counts_slices_and_devices() -> None:
 async def test_readiness_counts_without_building_the_slices(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    from nodeagent.plugins.handler import PluginData
+    from nodeagent.core.plugindata import PluginData
     from tests.unit.resources.test_publisher import inventory
 
     inventories: LatestValue[Mapping[str, Any]] = LatestValue({})
