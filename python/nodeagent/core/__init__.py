@@ -3,6 +3,7 @@
 - `errors`: `ConfigError`, the one error type for a setting or value that breaks a rule;
 - `backoff`: `Backoff`, the one capped exponential retry policy (with its `Jitter` models);
 - `latest`: `LatestValue`, the newest-value-wins channel between producers and consumers;
+- `plugindata`: `PluginData`, what the plugin handlers' channels carry to their consumers;
 - `k8s`: the Kubernetes value rules (DNS labels and subdomains, qualified names, label keys and
   values, semantic versions, RFC 3339 times) and `resource.Quantity` (grammar, value, canonical
   form), the Python reference the Rust extension is tested against.
