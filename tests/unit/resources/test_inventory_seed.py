@@ -4,11 +4,11 @@ log) while the rest of the inventory is accepted."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import Message
 
+from nodeagent.core.plugindata import PluginData
 from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.resources import metrics
@@ -17,10 +17,8 @@ from tests.unit.resources.fake_cluster import FakeCluster
 from tests.unit.resources.test_publisher import Plugins, running, settle, slices
 
 
-@dataclass
-class _Data:
-    registered: bool
-    message: Message | None
+def _data(driver: str, message: Message) -> PluginData:
+    return PluginData(driver, "DRAPlugin", "/x.sock", message, received_at=0.0, registered=True)
 
 
 def _message(*names: str) -> api_pb2.NodeListAndWatchResourcesResponse:
@@ -39,7 +37,7 @@ def test_a_device_without_a_v1_name_is_reported_and_the_rest_accepted() -> None:
     reports: list[tuple[str, str]] = []
     tracker = InventoryTracker("node-a", report=lambda r, m: reports.append((r, m)))
     before = metrics.DEVICES_REJECTED.labels(driver)._value.get()
-    changed = tracker.update({driver: _Data(True, _message("gpu.0", "Bad_Name"))}, now=0.0)
+    changed = tracker.update({driver: _data(driver, _message("gpu.0", "Bad_Name"))}, now=0.0)
     assert changed == {driver}
     inventory = tracker.drivers[driver].inventory
     assert inventory is not None
@@ -59,8 +57,8 @@ def test_a_device_without_a_v1_name_is_reported_and_the_rest_accepted() -> None:
 def test_an_empty_seed_inventory_is_accepted_as_no_pools() -> None:
     driver = "inv-empty.example.com"
     tracker = InventoryTracker("node-a")
-    tracker.update({driver: _Data(True, _message("gpu-0"))}, now=0.0)
-    tracker.update({driver: _Data(True, api_pb2.NodeListAndWatchResourcesResponse())}, now=1.0)
+    tracker.update({driver: _data(driver, _message("gpu-0"))}, now=0.0)
+    tracker.update({driver: _data(driver, api_pb2.NodeListAndWatchResourcesResponse())}, now=1.0)
     inventory = tracker.drivers[driver].inventory
     assert inventory is not None and inventory.pools == []
 
