@@ -66,8 +66,8 @@ async def test_native_sdk_plugin_registers_and_streams_its_pools(
         )
 
         def pools() -> list[str]:
-            current = channel.value["gpu.example.com"].message
-            return [p.name for p in current.pools]  # type: ignore[attr-defined]
+            current = inventory_of(channel.value["gpu.example.com"])
+            return [p.name for p in current.pools]
 
         await wait_until(manager, lambda: pools() == ["node-a", "node-a/fabric"])
     await wait_until(manager, lambda: state_of(manager, "gpu.example.com") == "deregistered")
