@@ -44,6 +44,8 @@ import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
+from tests.support.gobuild import GoBinary
+
 __all__ = [
     "ApiServer",
     "ApiServerError",
@@ -73,8 +75,7 @@ class ApiServerError(RuntimeError):
 # --------------------------------------------------------------------------
 # building
 
-_build_lock = threading.Lock()
-_built: pathlib.Path | None = None
+_BINARY = GoBinary(BUILD_SH, "NODEAGENT_HARNESS_BIN", HarnessBuildError)
 
 
 def build_harness() -> pathlib.Path:
@@ -83,42 +84,7 @@ def build_harness() -> pathlib.Path:
     The first build on a machine compiles kube-apiserver and etcd (minutes);
     later calls only hash the sources.
     """
-    global _built
-    override = os.environ.get("NODEAGENT_HARNESS_BIN")
-    if override:
-        path = pathlib.Path(override)
-        if not os.access(path, os.X_OK):
-            raise HarnessBuildError(f"NODEAGENT_HARNESS_BIN={override} is not an executable")
-        return path
-    with _build_lock:
-        if _built is not None and _built.exists():
-            return _built
-        env = dict(os.environ)
-        if not any(
-            os.access(os.path.join(p, "go"), os.X_OK)
-            for p in env.get("PATH", "").split(os.pathsep)
-            if p
-        ) and os.access("/usr/local/go/bin/go", os.X_OK):
-            env["PATH"] = "/usr/local/go/bin" + os.pathsep + env.get("PATH", "")
-        proc = subprocess.run(
-            ["bash", str(BUILD_SH)],
-            cwd=BUILD_SH.parent,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-        if proc.returncode != 0 or not lines:
-            raise HarnessBuildError(
-                f"{BUILD_SH} failed (exit {proc.returncode})\n"
-                f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
-            )
-        path = pathlib.Path(lines[-1].strip())
-        if not os.access(path, os.X_OK):
-            raise HarnessBuildError(f"{BUILD_SH} printed {path}, which is not an executable")
-        _built = path
-        return path
+    return _BINARY.path()
 
 
 # --------------------------------------------------------------------------

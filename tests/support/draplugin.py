@@ -28,12 +28,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
+
+from tests.support.gobuild import GoBinary
 
 __all__ = [
     "DraPlugin",
@@ -56,46 +57,12 @@ class DraPluginBuildError(RuntimeError):
     """build.sh failed; the message carries its output."""
 
 
-_build_lock = threading.Lock()
-_built: pathlib.Path | None = None
+_BINARY = GoBinary(BUILD_SH, "NODEAGENT_DRAPLUGIN_BIN", DraPluginBuildError)
 
 
 def build_draplugin() -> pathlib.Path:
     """Run tests/draplugin/build.sh (a no-op when cached); return the binary path."""
-    global _built
-    override = os.environ.get("NODEAGENT_DRAPLUGIN_BIN")
-    if override:
-        path = pathlib.Path(override)
-        if not os.access(path, os.X_OK):
-            raise DraPluginBuildError(f"NODEAGENT_DRAPLUGIN_BIN={override} is not an executable")
-        return path
-    with _build_lock:
-        if _built is not None and _built.exists():
-            return _built
-        env = dict(os.environ)
-        if shutil.which("go", path=env.get("PATH")) is None and os.access(
-            "/usr/local/go/bin/go", os.X_OK
-        ):
-            env["PATH"] = "/usr/local/go/bin" + os.pathsep + env.get("PATH", "")
-        proc = subprocess.run(
-            ["bash", str(BUILD_SH)],
-            cwd=BUILD_SH.parent,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
-        if proc.returncode != 0 or not lines:
-            raise DraPluginBuildError(
-                f"{BUILD_SH} failed (exit {proc.returncode})\n"
-                f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
-            )
-        path = pathlib.Path(lines[-1].strip())
-        if not os.access(path, os.X_OK):
-            raise DraPluginBuildError(f"{BUILD_SH} printed {path}, which is not an executable")
-        _built = path
-        return path
+    return _BINARY.path()
 
 
 # --------------------------------------------------------------------------
