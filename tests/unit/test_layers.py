@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},
     {"service"},  # the composition root: the one package that imports the components
-    {"resources"},
+    {"resources", "reporter"},
     {"accumulator", "sdk"},
     {"plugins", "kube"},
     {"config", "rpc"},
@@ -52,6 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "log",
     },
     "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
+    "reporter": {"protos"},
     "accumulator": {"kube", "core", "log", "_native"},
     "sdk": {"rpc", "core", "protos"},
     "plugins": {"rpc", "core", "log", "protos"},
@@ -122,6 +123,7 @@ EXPORTS: dict[str, set[str]] = {
         "PluginSettings",
         "ReporterHandler",
     },
+    "reporter": set(),
     "resources": set(),
     "rpc": {
         "ConnectCheck",
