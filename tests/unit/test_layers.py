@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"service"},  # the composition root: the one package that imports the components
     {"resources", "reporter"},
     {"accumulator", "sdk"},
-    {"plugins", "kube"},
+    {"plugins", "kube", "checkpoint"},
     {"config", "rpc"},
     {"core", "log", "protos", "_native", "nodeagent"},
 ]
@@ -57,6 +57,7 @@ ALLOWED: dict[str, set[str]] = {
     "sdk": {"rpc", "core", "protos"},
     "plugins": {"rpc", "core", "log", "protos"},
     "kube": {"core", "log"},
+    "checkpoint": {"core", "log"},
     "config": {"core"},
     "rpc": set(),
     "core": set(),
@@ -85,6 +86,7 @@ EXPORTS: dict[str, set[str]] = {
         "QueryStatus",
         "Watch",
     },
+    "checkpoint": {"CheckpointRead", "CheckpointState", "CheckpointStore"},
     "config": set(),
     "core": set(),
     "kube": {

@@ -1,0 +1,16 @@
+"""Prometheus metrics of the checkpoint store."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+CORRUPT = Counter(
+    "nodeagent_checkpoint_corrupt_total",
+    "Checkpoints found corrupt on read (moved aside as <name>.corrupt-<UTC time>), by name.",
+    ["name"],
+)
+WRITE_FAILURES = Counter(
+    "nodeagent_checkpoint_write_failures_total",
+    "Checkpoint writes that failed (the previous checkpoint is kept), by name.",
+    ["name"],
+)

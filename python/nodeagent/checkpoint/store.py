@@ -1,0 +1,206 @@
+"""`CheckpointStore`: named checkpoints in one directory, written atomically, read three ways."""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import re
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from nodeagent.checkpoint import metrics
+from nodeagent.checkpoint.format import CorruptCheckpoint, decode, encode
+from nodeagent.core.errors import ConfigError
+from nodeagent.log import get_logger
+
+__all__ = ["CheckpointRead", "CheckpointState", "CheckpointStore", "check_name"]
+
+log = get_logger(__name__)
+
+# The kubelet checkpointmanager's key rule (pkg/kubelet/util/store): the name is the file name.
+# Shorter than the kubelet's 250: "<name>.corrupt-<UTC time>" must fit Linux's 255-byte names.
+NAME_MAX = 200
+_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
+# Reserved so that a file moved aside can never be taken for (or replaced by) a checkpoint.
+_CORRUPT_MARK = ".corrupt-"
+# mkstemp's names: "." + name + "." + 8 random characters + ".tmp".
+_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+
+
+class CheckpointState(enum.Enum):
+    FOUND = "found"
+    NOT_FOUND = "not_found"
+    CORRUPT = "corrupt"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRead:
+    """The outcome of `CheckpointStore.read`: `data` only when FOUND; `moved_to` and `reason`
+    only when CORRUPT (`moved_to` is None if the file could not be moved aside)."""
+
+    state: CheckpointState
+    data: bytes | None = None
+    moved_to: Path | None = None
+    reason: str | None = None
+
+
+def check_name(name: str) -> None:
+    """Raise ConfigError unless `name` is a valid checkpoint name."""
+    if not name or len(name) > NAME_MAX or _NAME.fullmatch(name) is None:
+        raise ConfigError(
+            "checkpoint name",
+            name,
+            f"must be 1-{NAME_MAX} characters of [A-Za-z0-9-_.], starting and ending with a "
+            "letter or digit (the kubelet checkpoint key rule, 200 not 250 characters)",
+        )
+    if _CORRUPT_MARK in name:
+        raise ConfigError(
+            "checkpoint name", name, f"must not contain {_CORRUPT_MARK!r} (kept for corrupt files)"
+        )
+
+
+class CheckpointStore:
+    """Named checkpoints, one file each, in `directory` (created on the first write).
+
+    Synchronous and thread-safe (callers in Trio use `trio.to_thread.run_sync`); one lock
+    serialises the operations, so a corrupt file is never moved aside while a write replaces it.
+    One process owns the directory: leftover temporary files of a killed writer are removed by
+    the first operation of a store.
+    """
+
+    def __init__(self, directory: Path, *, keep_corrupt: int = 3) -> None:
+        if keep_corrupt < 1:
+            raise ConfigError("keep_corrupt", keep_corrupt, "must be >= 1")
+        self.directory = directory
+        self._keep_corrupt = keep_corrupt
+        self._lock = threading.Lock()
+        self._swept = False
+
+    def path(self, name: str) -> Path:
+        check_name(name)
+        return self.directory / name
+
+    def write(self, name: str, data: bytes) -> None:
+        """Replace checkpoint `name` with `data` atomically and durably.
+
+        The new content goes to a dot-file in the same directory, is fsynced, renamed over the
+        old file and the directory is fsynced: a crash at any point leaves the old or the new
+        checkpoint. On an OSError the temporary file is removed, the old checkpoint is kept,
+        the failure is logged and counted, and the error is raised."""
+        path = self.path(name)
+        with self._lock:
+            try:
+                self._sweep_once()
+                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                _write_atomically(path, encode(data))
+            except OSError as exc:
+                metrics.WRITE_FAILURES.labels(name).inc()
+                log.warning("checkpoint write failed", name=name, path=str(path), error=str(exc))
+                raise
+
+    def read(self, name: str) -> CheckpointRead:
+        """FOUND with the data, NOT_FOUND, or CORRUPT (the file moved aside, logged, counted).
+
+        Raises OSError for I/O errors other than a missing file (the content was not judged)."""
+        path = self.path(name)
+        with self._lock:
+            self._sweep_once()
+            try:
+                blob = path.read_bytes()
+            except FileNotFoundError:
+                return CheckpointRead(CheckpointState.NOT_FOUND)
+            try:
+                return CheckpointRead(CheckpointState.FOUND, data=decode(blob))
+            except CorruptCheckpoint as exc:
+                return self._quarantine(name, path, exc.reason)
+
+    def _quarantine(self, name: str, path: Path, reason: str) -> CheckpointRead:
+        metrics.CORRUPT.labels(name).inc()
+        try:
+            moved_to: Path | None = self._move_aside(name, path)
+        except OSError as exc:
+            log.error(
+                "checkpoint corrupt and could not be moved aside",
+                name=name,
+                path=str(path),
+                reason=reason,
+                error=str(exc),
+            )
+            moved_to = None
+        else:
+            log.warning(
+                "checkpoint corrupt, moved aside",
+                name=name,
+                path=str(path),
+                reason=reason,
+                moved_to=str(moved_to),
+            )
+        return CheckpointRead(CheckpointState.CORRUPT, moved_to=moved_to, reason=reason)
+
+    def _move_aside(self, name: str, path: Path) -> Path:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        target = self.directory / f"{name}{_CORRUPT_MARK}{stamp}"
+        counter = 1
+        while target.exists():  # rename() would replace it silently
+            counter += 1
+            target = self.directory / f"{name}{_CORRUPT_MARK}{stamp}-{counter}"
+        path.rename(target)
+        _fsync_directory(self.directory)
+        self._prune_corrupt(name)
+        return target
+
+    def _prune_corrupt(self, name: str) -> None:
+        """Keep the newest `keep_corrupt` files moved aside for `name` (a corrupting disk or a
+        crash loop must not fill the state directory)."""
+        pattern = re.compile(re.escape(name + _CORRUPT_MARK) + r"(\d{8}T\d{6}\.\d{6}Z)(?:-(\d+))?")
+        found: list[tuple[str, int, Path]] = []
+        for entry in self.directory.iterdir():
+            match = pattern.fullmatch(entry.name)
+            if match is not None:
+                found.append((match[1], int(match[2] or 1), entry))
+        found.sort()
+        for _, _, old in found[: -self._keep_corrupt]:
+            with contextlib.suppress(FileNotFoundError):
+                old.unlink()
+
+    def _sweep_once(self) -> None:
+        if self._swept:
+            return
+        try:
+            entries = list(self.directory.iterdir())
+        except FileNotFoundError:
+            entries = []
+        for entry in entries:
+            if _TEMP.fullmatch(entry.name) is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    entry.unlink()
+                    log.info("removed a leftover checkpoint temp file", path=str(entry))
+        self._swept = True
+
+
+def _write_atomically(path: Path, content: bytes) -> None:
+    fd, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+    # After the rename: the new name is durable only once the directory entry is.
+    _fsync_directory(path.parent)
+
+
+def _fsync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
