@@ -24,3 +24,6 @@ class PluginData:
     message: Message
     received_at: float  # wall-clock seconds
     registered: bool  # False once deregistered: the data is kept (for a grace), marked stale
+    # False while the plugin delivers nothing new: deregistered, or (a reporter plugin) its
+    # stream ended and its unary polls fail; a consumer's grace for stopped plugins starts then.
+    live: bool = True

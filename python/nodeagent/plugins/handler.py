@@ -192,6 +192,11 @@ class StreamingHandler(ABC, Generic[M]):
     def validate_message(self, message: M) -> None:
         """Raise InvalidMessage if the message's content breaks a rule."""
 
+    def live(self, entry: _Entry) -> bool:
+        """Whether the plugin still delivers (PluginData.live): a type with other ways to
+        deliver than its stream decides more finely."""
+        return entry.registered
+
     def streams(self, plugin: PluginEndpoint) -> bool:
         """Whether the agent streams from `plugin`; a type may have plugins that are only
         registered (no stream, nothing published for them)."""
@@ -372,6 +377,7 @@ class StreamingHandler(ABC, Generic[M]):
                 message=entry.last_message,
                 received_at=entry.last_message_time or 0.0,
                 registered=entry.registered,
+                live=self.live(entry),
             )
             self.latest.set(MappingProxyType(dict(self._data)))
         self.changes.set(None)

@@ -1,25 +1,58 @@
-"""The Katalyst reporter plugin type: reporterplugin.v1alpha1 ListAndWatchReportContent."""
+"""The Katalyst reporter plugin type: reporterplugin.v1alpha1 ListAndWatchReportContent, plus a
+periodic unary GetReportContent poll of every registered reporter plugin (Katalyst's sync)."""
 
 from __future__ import annotations
 
 import json
+import time
 from contextlib import AbstractAsyncContextManager
 
-from nodeagent.plugins.handler import InvalidMessage, PluginEndpoint, StreamingHandler
+import trio
+
+from nodeagent.log import get_logger
+from nodeagent.plugins import metrics
+from nodeagent.plugins.handler import (
+    InvalidMessage,
+    PluginEndpoint,
+    StreamingHandler,
+    _Entry,
+    _Stream,
+)
+from nodeagent.plugins.security import UidCheck
+from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.versions import require_any_version
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
-from nodeagent.rpc.bridge import GrpcChannel, ServerStream
+from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel, RpcError, ServerStream
 
 __all__ = ["REPORTER_PLUGIN_TYPE", "SUPPORTED_VERSIONS", "ReporterHandler", "validate_report"]
 
+log = get_logger(__name__)
+
 REPORTER_PLUGIN_TYPE = "ReporterPlugin"
 SUPPORTED_VERSIONS = ("v1alpha1",)
+# Stream states in which the stream may still deliver (a failing one is being reopened).
+_STREAM_DELIVERS = frozenset({"starting", "open", "backoff"})
 
 
 class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
-    """Katalyst semantics: a plugin registering under a taken name replaces the older one."""
+    """Katalyst semantics: a plugin registering under a taken name replaces the older one.
+
+    Besides the stream, every `report_poll_interval` each registered plugin's GetReportContent
+    is called (all concurrently, each within `report_poll_timeout`); a reply goes through the
+    same validation and into the same channel as a stream message, a failure keeps the last
+    report. A plugin whose stream ended (or is unimplemented) is polled at once. It counts as
+    live (`PluginData.live`) while its stream may deliver or its last poll answered.
+    """
 
     plugin_type = REPORTER_PLUGIN_TYPE
+
+    def __init__(
+        self, bridge: GrpcBridge, settings: PluginSettings, *, uid_check: UidCheck | None = None
+    ) -> None:
+        super().__init__(bridge, settings, uid_check=uid_check)
+        self._poll_ok: dict[str, bool] = {}  # by name: the serving plugin's last poll answered
+        self._polling: set[str] = set()  # names with a poll in flight
+        self.polls = 0  # polls answered with a valid report, ever
 
     def validate_versions(self, plugin: PluginEndpoint) -> None:
         require_any_version(plugin.versions, SUPPORTED_VERSIONS)
@@ -32,6 +65,128 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
 
     def validate_message(self, message: api_pb2.GetReportContentResponse) -> None:
         validate_report(message)
+
+    # -- liveness and the poll -------------------------------------------------------------
+
+    def live(self, entry: _Entry) -> bool:
+        if not entry.registered:
+            return False
+        stream = entry.stream
+        if stream is not None and stream.state in _STREAM_DELIVERS:
+            return True
+        return self._poll_ok.get(entry.plugin.name, False)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(super().run)
+            nursery.start_soon(self._poll_loop)
+            task_status.started()
+
+    async def register(self, plugin: PluginEndpoint) -> None:
+        # A new registration earns its liveness afresh (its stream, or its own polls).
+        self._poll_ok.pop(plugin.name, None)
+        await super().register(plugin)
+
+    def _set_state(self, stream: _Stream, state: str) -> None:
+        super()._set_state(stream, state)
+        entry = self._entries.get(stream.plugin.name)
+        if entry is None or entry.stream is not stream:
+            return
+        if state in ("ended", "unimplemented") and self._nursery is not None:
+            # The stream will not deliver again: poll now rather than at the next tick; that
+            # poll's outcome says whether the plugin is still live (no flap in between).
+            self._nursery.start_soon(self._poll, stream.plugin.name)
+
+    def _republish(self, entry: _Entry) -> None:
+        """Publish again when liveness changed (the message did not)."""
+        data = self._data.get(entry.plugin.name)
+        if data is not None and data.live != self.live(entry):
+            self._publish(entry)
+
+    async def _poll_loop(self) -> None:
+        interval = self._settings.report_poll_interval
+        while True:
+            await trio.sleep(interval)
+            async with trio.open_nursery() as nursery:
+                for name, entry in list(self._entries.items()):
+                    if entry.registered:
+                        nursery.start_soon(self._poll, name)
+
+    async def _poll(self, name: str) -> None:
+        """One GetReportContent call to the plugin serving `name`; never raises (but Cancelled)."""
+        entry = self._entries.get(name)
+        if entry is None or not entry.registered or name in self._polling:
+            return
+        plugin = entry.plugin
+        self._polling.add(name)
+        try:
+            message = await self._call(plugin)
+        except RpcError as exc:
+            self._poll_failed(entry, plugin, exc)
+            return
+        except Exception as exc:  # a bug must not take the handler down: this poll fails
+            log.exception("reporter poll crashed", plugin=name)
+            self._poll_failed(entry, plugin, exc)
+            return
+        finally:
+            self._polling.discard(name)
+        if not self._still_serving(entry, plugin):
+            return
+        try:
+            self.validate_message(message)
+        except Exception as exc:
+            self._reject(entry, name, exc, "message_invalid")
+            return
+        self.polls += 1
+        self._poll_ok[name] = True
+        if message == entry.last_message:
+            # The usual answer of a plugin that also streams: nothing new to hand on.
+            self._republish(entry)
+            self.changes.set(None)
+            return
+        self._accept(entry, message)
+
+    async def _call(self, plugin: PluginEndpoint) -> api_pb2.GetReportContentResponse:
+        settings = self._settings
+        async with self._bridge.channel(
+            plugin.endpoint,
+            max_message_bytes=settings.max_message_bytes,
+            check=self._connect_check,
+        ) as channel:
+            stub = channel.stub(api_grpc.ReporterPluginStub)
+            return await self._bridge.unary(
+                stub.GetReportContent, api_pb2.Empty(), timeout=settings.report_poll_timeout
+            )
+
+    def _still_serving(self, entry: _Entry, plugin: PluginEndpoint) -> bool:
+        """The polled registration still serves its name (no re-registration meanwhile)."""
+        return (
+            self._entries.get(plugin.name) is entry and entry.registered and entry.plugin == plugin
+        )
+
+    def _poll_failed(self, entry: _Entry, plugin: PluginEndpoint, exc: Exception) -> None:
+        if not self._still_serving(entry, plugin):
+            return
+        metrics.ERRORS.labels(kind="report_poll").inc()
+        was_ok = self._poll_ok.get(plugin.name)
+        self._poll_ok[plugin.name] = False
+        # Logged when the outcome changes, not every interval (a stream-only plugin never
+        # answers the poll).
+        if was_ok is not False:
+            log.info(
+                "reporter poll failed; keeping the last report",
+                plugin=plugin.name,
+                error=str(exc),
+            )
+        self._republish(entry)
+
+    def _accept(self, entry: _Entry, message: api_pb2.GetReportContentResponse) -> None:
+        entry.messages += 1
+        self.messages_received += 1
+        entry.last_message = message
+        entry.last_message_time = time.time()
+        metrics.MESSAGES.labels(type=self.plugin_type).inc()
+        self._publish(entry)
 
 
 _FIELD_TYPES = frozenset(api_pb2.FieldType.values())

@@ -56,6 +56,11 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Seconds a deregistered plugin's last data is kept (marked registered=False) before it is
     # forgotten (Katalyst's 5 min endpoint grace).
     deregistered_data_grace: float = 300.0
+    # Reporter plugins are also polled (unary GetReportContent, all at once) every this many
+    # seconds, each call bounded by the timeout (Katalyst: 5 s, 10 s): a plugin that only answers
+    # the unary call, or whose stream ended, still reports; a failed poll keeps the last report.
+    report_poll_interval: float = 5.0
+    report_poll_timeout: float = 10.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
@@ -89,6 +94,8 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "stream_backoff_max",
             "stream_healthy_after",
             "deregistered_data_grace",
+            "report_poll_interval",
+            "report_poll_timeout",
         ):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
