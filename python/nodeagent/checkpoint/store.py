@@ -95,12 +95,19 @@ class CheckpointStore:
         with self._lock:
             try:
                 self._sweep_once()
-                self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self._ensure_directory()
                 _write_atomically(path, encode(data))
             except OSError as exc:
                 metrics.WRITE_FAILURES.labels(name).inc()
                 log.warning("checkpoint write failed", name=name, path=str(path), error=str(exc))
                 raise
+
+    def _ensure_directory(self) -> None:
+        if self.directory.is_dir():
+            return
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # A new directory's own entry is durable only once its parent is fsynced.
+        _fsync_directory(self.directory.parent)
 
     def read(self, name: str) -> CheckpointRead:
         """FOUND with the data, NOT_FOUND, or CORRUPT (the file moved aside, logged, counted).

@@ -11,12 +11,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent.checkpoint import CheckpointState, CheckpointStore
 from nodeagent.checkpoint.format import CorruptCheckpoint, decode
 from tests.unit.checkpoint import kill_writer
+
+# Every example writes and fsyncs files: a shared, busy disk must not fail it on time.
+io_settings = settings(deadline=None)
 
 names = st.from_regex(r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,30}[A-Za-z0-9])?", fullmatch=True).filter(
     lambda name: ".corrupt-" not in name
@@ -38,6 +41,7 @@ def _assert_corrupt(store: CheckpointStore, path: Path, blob: bytes) -> None:
     assert not path.exists()
 
 
+@io_settings
 @given(name=names, content=st.binary(max_size=4096))
 def test_random_contents_round_trip(name: str, content: bytes) -> None:
     with tempfile.TemporaryDirectory() as directory:
@@ -48,6 +52,7 @@ def test_random_contents_round_trip(name: str, content: bytes) -> None:
         assert result.data == content
 
 
+@io_settings
 @given(content=st.binary(max_size=512), data=st.data())
 def test_a_truncated_file_reads_as_corrupt(content: bytes, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as directory:
@@ -56,6 +61,7 @@ def test_a_truncated_file_reads_as_corrupt(content: bytes, data: st.DataObject) 
         _assert_corrupt(store, path, blob[:cut])
 
 
+@io_settings
 @given(content=st.binary(max_size=512), data=st.data())
 def test_a_file_with_one_byte_changed_reads_as_corrupt(content: bytes, data: st.DataObject) -> None:
     with tempfile.TemporaryDirectory() as directory:
