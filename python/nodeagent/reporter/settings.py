@@ -1,4 +1,8 @@
-"""Configuration of the reporter manager (the ``[reporter]`` table of the agent's TOML)."""
+"""Configuration of the reporter manager (the ``[reporter]`` table of the agent's TOML).
+
+The poll of out-of-tree reporter plugins (unary GetReportContent) is the plugin layer's and is
+configured in ``[plugins]`` (`report_poll_interval`, `report_poll_timeout`).
+"""
 
 from __future__ import annotations
 
@@ -7,31 +11,56 @@ import math
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.k8s import is_label_key, is_label_value
 
 __all__ = ["ReporterSettings"]
 
 
 class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    # Seconds between two unary GetReportContent polls of every registered reporter plugin
-    # (Katalyst's --reporter-collect-interval): a plugin that only answers the unary call, or
-    # whose stream ended, still reports.
+    # Seconds between two collections of the in-tree reporters (the system reporter re-reads
+    # /proc and /sys), as Katalyst syncs its in-tree plugins every --reporter-collect-interval.
     sync_interval: float = 5.0
-    # Seconds one poll may take before the plugin's last report is kept instead (Katalyst: 10 s).
-    sync_timeout: float = 10.0
-    # Seconds a plugin that deregistered, whose stream ended, or that was restored from the
-    # checkpoint keeps its report before it is dropped (Katalyst: 5 min).
+    # Seconds a plugin that deregistered, whose stream ended (and whose polls fail), or that was
+    # restored from the checkpoint keeps its report before it is dropped (Katalyst: 5 min).
     grace: float = 300.0
     # The in-tree system reporter (node resource properties and the Socket -> Numa topology from
     # /proc and /sys), as Katalyst's system-reporter-plugin.
     system_reporter: bool = True
-    # Report the cpu flags property (long; off by default as in Katalyst).
+    # The system reporter also reports the cpu flags property (long; opt-in as in Katalyst).
     cpu_flags: bool = False
+    # Labels of the CustomNodeResource when the agent creates it (Katalyst's
+    # --default-cnr-labels); set only at creation, never removed afterwards.
+    cnr_default_labels: dict[str, str] = msgspec.field(default_factory=dict)
+    # Seconds between two CNR writes at least: reports arriving meanwhile are merged into the
+    # next write (a flapping plugin costs one write per interval, the latest merge wins).
+    cnr_min_write_interval: float = 1.0
+    # Backoff of a failed CNR write: first retry after this many seconds, doubling up to
+    # cnr_retry_max (up to half shorter, jittered).
+    cnr_retry_initial: float = 1.0
+    cnr_retry_max: float = 60.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
-        for name in ("sync_interval", "sync_timeout"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"reporter.{name}", value, "must be a finite number > 0")
+        if not math.isfinite(self.sync_interval) or self.sync_interval <= 0:
+            raise ConfigError(
+                "reporter.sync_interval", self.sync_interval, "must be a finite number > 0"
+            )
         if not math.isfinite(self.grace) or self.grace < 0:
             raise ConfigError("reporter.grace", self.grace, "must be a finite number >= 0")
+        for name in ("cnr_min_write_interval", "cnr_retry_initial", "cnr_retry_max"):
+            value = getattr(self, name)
+            if (
+                not math.isfinite(value)
+                or value < 0
+                or (value == 0 and name != "cnr_min_write_interval")
+            ):
+                raise ConfigError(f"reporter.{name}", value, "must be a finite number > 0")
+        if self.cnr_retry_max < self.cnr_retry_initial:
+            raise ConfigError(
+                "reporter.cnr_retry_max", self.cnr_retry_max, "must be >= cnr_retry_initial"
+            )
+        for key, value in self.cnr_default_labels.items():
+            if not is_label_key(key) or not is_label_value(value):
+                raise ConfigError(
+                    f"reporter.cnr_default_labels.{key}", value, "not a valid label key and value"
+                )
