@@ -28,6 +28,8 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     system_reporter: bool = True
     # The system reporter also reports the cpu flags property (long; opt-in as in Katalyst).
     cpu_flags: bool = False
+    # The system reporter also reports the cpu model name (`cpu_model`; opt-in).
+    cpu_model: bool = False
     # Labels of the CustomNodeResource when the agent creates it (Katalyst's
     # --default-cnr-labels); set only at creation, never removed afterwards.
     cnr_default_labels: dict[str, str] = msgspec.field(default_factory=dict)
