@@ -52,7 +52,7 @@ ALLOWED: dict[str, set[str]] = {
         "log",
     },
     "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
-    "reporter": {"checkpoint", "core", "log", "protos"},
+    "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos"},
     "accumulator": {"kube", "core", "log", "_native"},
     "sdk": {"rpc", "core", "protos"},
     "plugins": {"rpc", "core", "log", "protos"},
