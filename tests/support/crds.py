@@ -40,6 +40,7 @@ __all__ = [
     "install_cnr_crd",
     "install_cnr_node_access",
     "load_manifest",
+    "until_cnr_access_enforced",
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -141,14 +142,24 @@ async def install_cnr_crd(client: KubeClient) -> None:
     await _until_served(client, CNR)
 
 
-async def _refused_by_policy(node_client: KubeClient, name: str) -> bool:
-    """Whether a dry-run create of CNR ``name`` by ``node_client`` is refused by the policy
-    (False if it is allowed, or refused for another reason such as RBAC not yet in force)."""
+async def _refused_by_policy(client: KubeClient, name: str, policy: str) -> bool:
+    """Whether a dry-run create of CNR ``name`` by ``client`` is refused by ``policy`` (False if
+    it is allowed, or refused for another reason such as RBAC not yet in force)."""
     try:
-        await _dry_run_create(node_client, cnr(name))
+        await _dry_run_create(client, cnr(name))
     except errors.ApiError as exc:
-        return CNR_POLICY_NAME in exc.message
+        return policy in exc.message
     return False
+
+
+async def _allowed_own(client: KubeClient, node: str) -> bool:
+    try:
+        await _dry_run_create(client, cnr(node))
+    except errors.Forbidden:
+        return False
+    except errors.AlreadyExists:
+        pass  # RBAC let the create through to storage, which is all this probe asks
+    return True
 
 
 async def _dry_run_create(client: KubeClient, body: Mapping[str, Any]) -> None:
@@ -164,26 +175,23 @@ async def _dry_run_create(client: KubeClient, body: Mapping[str, Any]) -> None:
     )
 
 
-async def install_cnr_node_access(admin: KubeClient, node_client: KubeClient, node: str) -> None:
-    """Apply ``deploy/kubernetes/cnr-node-access.yaml`` and return once both halves are in force
-    for ``node_client`` (user ``system:node:<node>``): RBAC lets it create its own CNR and the
-    admission policy refuses another name. Both are read by the apiserver through informers, with
-    no event for "now enforced", so the wait probes with dry-run creates (nothing is written)."""
-    await apply_manifest(admin, CNR_NODE_ACCESS_FILE)
+async def until_cnr_access_enforced(client: KubeClient, node: str, policy: str) -> None:
+    """Return once ``client``, acting for ``node``, may create the CNR ``node`` (RBAC in force)
+    and ``policy`` refuses it another name. The apiserver reads roles and admission policies
+    through informers, with no event for "now enforced", so this probes with dry-run creates
+    (nothing is written)."""
     with trio.fail_after(WAIT_SECONDS):
         while True:
-            if await _allowed_own(node_client, node) and await _refused_by_policy(
-                node_client, f"{node}-not-mine"
+            if await _allowed_own(client, node) and await _refused_by_policy(
+                client, f"{node}-not-mine", policy
             ):
                 return
             await trio.sleep(PROBE_INTERVAL)
 
 
-async def _allowed_own(node_client: KubeClient, node: str) -> bool:
-    try:
-        await _dry_run_create(node_client, cnr(node))
-    except errors.Forbidden:
-        return False
-    except errors.AlreadyExists:
-        pass  # RBAC let the create through to storage, which is all this probe asks
-    return True
+async def install_cnr_node_access(admin: KubeClient, node_client: KubeClient, node: str) -> None:
+    """Apply ``deploy/kubernetes/cnr-node-access.yaml`` and return once both halves are in force
+    for ``node_client`` (user ``system:node:<node>``): RBAC lets it create its own CNR and the
+    admission policy refuses another name."""
+    await apply_manifest(admin, CNR_NODE_ACCESS_FILE)
+    await until_cnr_access_enforced(node_client, node, CNR_POLICY_NAME)
