@@ -43,6 +43,7 @@ ALLOWED: dict[str, set[str]] = {
     "service": {
         "nodeagent",
         "resources",
+        "reporter",
         "accumulator",
         "plugins",
         "kube",

@@ -28,6 +28,7 @@ from nodeagent.config.loader import (
 )
 from nodeagent.kube.settings import KubeSettings
 from nodeagent.plugins.settings import PluginSettings
+from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings
 
@@ -41,6 +42,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     kube: KubeSettings = msgspec.field(default_factory=KubeSettings)
     accumulator: AccumulatorSettings = msgspec.field(default_factory=AccumulatorSettings)
     resources: ResourcesSettings = msgspec.field(default_factory=ResourcesSettings)
+    reporter: ReporterSettings = msgspec.field(default_factory=ReporterSettings)
 
 
 def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -> Config:

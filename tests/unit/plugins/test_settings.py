@@ -52,6 +52,8 @@ def test_toml_keys_are_snake_case_and_unknown_keys_are_refused() -> None:
         ({"stream_healthy_after": -1.0}, "plugins.stream_healthy_after", "> 0"),
         ({"stream_min_interval": -0.1}, "plugins.stream_min_interval", ">= 0"),
         ({"deregistered_data_grace": 0.0}, "plugins.deregistered_data_grace", "> 0"),
+        ({"report_poll_interval": 0.0}, "plugins.report_poll_interval", "> 0"),
+        ({"report_poll_timeout": float("inf")}, "plugins.report_poll_timeout", "finite"),
         ({"endpoint_dirs": []}, "plugins.endpoint_dirs", "must not be empty"),
         ({"endpoint_dirs": ["/ok", "relative"]}, "plugins.endpoint_dirs", "absolute path"),
         ({"max_message_bytes": 10}, "plugins.max_message_bytes", "between 1024"),
