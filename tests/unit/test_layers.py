@@ -45,6 +45,7 @@ ALLOWED: dict[str, set[str]] = {
         "resources",
         "reporter",
         "accumulator",
+        "checkpoint",
         "plugins",
         "kube",
         "rpc",

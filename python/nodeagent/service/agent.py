@@ -34,6 +34,7 @@ from nodeagent.service.config import Config
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.metrics import BUILD_INFO
 from nodeagent.service.ops import OpsServer
+from nodeagent.service.reporter import ReporterComponent, cnr_summary
 from nodeagent.service.resources import ResourcesComponent, slice_summary
 from nodeagent.service.sdnotify import Notifier
 from nodeagent.service.supervisor import ComponentReport, Supervisor
@@ -93,6 +94,7 @@ class Agent:
         self.supervisor: Supervisor | None = None
         self.plugins_component: PluginsComponent | None = None
         self.resources_component: ResourcesComponent | None = None
+        self.reporter_component: ReporterComponent | None = None
         self.shutdown_hooks: list[ShutdownHook] = []
         if debug.hang_shutdown():
             self.shutdown_hooks.append(debug.hanging_shutdown_hook)
@@ -172,11 +174,20 @@ class Agent:
                 accumulator_settings=self.config.accumulator,
                 client=client,
             )
+            self.reporter_component = ReporterComponent(
+                node_name=agent.node_name,
+                plugins=manager.channel("ReporterPlugin"),
+                settings=self.config.reporter,
+                accumulator_settings=self.config.accumulator,
+                state_dir=agent.state_dir,
+                client=client,
+            )
             self.supervisor = Supervisor(
                 [
                     self.plugins_component,
                     self.cluster,
                     self.resources_component,
+                    self.reporter_component,
                     *self.extra_components,
                 ],
                 backoff_initial=agent.restart_backoff_initial,
@@ -267,6 +278,11 @@ class Agent:
             return {"node": self.config.agent.node_name, "mode": self.cluster.mode, "drivers": {}}
         return self.resources_component.view()
 
+    def cnr(self) -> dict[str, Any]:
+        if self.reporter_component is None:
+            return {"node": self.config.agent.node_name, "mode": self.cluster.mode, "cnr": None}
+        return self.reporter_component.view()
+
     def effective_config(self) -> dict[str, Any]:
         return to_builtins(self.config)
 
@@ -287,4 +303,5 @@ class Agent:
             "components": [r.to_json() for r in reports],
             "plugins": len(self.plugins()),
             "resourceslices": slice_summary(self.resourceslices()),
+            "cnr": cnr_summary(self.cnr()),
         }

@@ -48,6 +48,8 @@ class AgentView(Protocol):
 
     def resourceslices(self) -> dict[str, Any]: ...
 
+    def cnr(self) -> dict[str, Any]: ...
+
     def effective_config(self) -> dict[str, Any]: ...
 
 
@@ -104,6 +106,7 @@ class OpsServer:
             "/v1/status": lambda _: _json(200, self.view.status()),
             "/v1/plugins": lambda _: _json(200, self.view.plugins()),
             "/v1/resourceslices": lambda _: _json(200, self.view.resourceslices()),
+            "/v1/cnr": lambda _: _json(200, self.view.cnr()),
             "/v1/config": lambda _: _json(200, self.view.effective_config()),
         }
 

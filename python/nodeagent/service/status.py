@@ -134,7 +134,23 @@ def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
                 ],
             ),
         ]
+    out += _cnr_lines(status.get("cnr"))
     return "\n".join(out) + "\n"
+
+
+def _cnr_lines(cnr: dict[str, Any] | None) -> list[str]:
+    if not cnr or not (cnr.get("fields") or cnr.get("bad_fields")):
+        return []
+    state = "standalone" if cnr.get("synced") is None else "in sync" if cnr["synced"] else "pending"
+    lines = [
+        "",
+        f"CNR: {len(cnr['fields'])} fields from {len(cnr.get('plugins') or [])} reporters, {state}"
+        + (f", last error: {cnr['error']}" if cnr.get("error") else ""),
+        "  " + ", ".join(cnr["fields"]),
+    ]
+    for b in cnr.get("bad_fields") or []:
+        lines.append(f"  skipped {b.get('field')} from {b.get('plugin')}: {b.get('reason')}")
+    return lines
 
 
 def exit_code(status: dict[str, Any]) -> int:

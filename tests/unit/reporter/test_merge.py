@@ -175,7 +175,7 @@ def test_labels_merge_per_key() -> None:
 def test_fields_of_keeps_only_cnr_gvk() -> None:
     def resp(group: str, name: str) -> pb.GetReportContentResponse:
         c = pb.ReportContent(
-            field=[pb.ReportField(fieldType=STATUS, fieldName=name, value=b'"None"')]
+            field=[pb.ReportField(fieldType=pb.Status, fieldName=name, value=b'"None"')]
         )
         c.groupVersionKind.group, c.groupVersionKind.version = group, CNR_VERSION
         c.groupVersionKind.kind = CNR_KIND

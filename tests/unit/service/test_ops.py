@@ -43,6 +43,9 @@ class FakeView:
     def resourceslices(self) -> dict[str, Any]:
         return {"node": "n1", "mode": "standalone", "drivers": {}}
 
+    def cnr(self) -> dict[str, Any]:
+        return {"node": "n1", "mode": "standalone", "cnr": {"kind": "CustomNodeResource"}}
+
     def effective_config(self) -> dict[str, Any]:
         return {"ops": {"address": "x"}}
 
@@ -113,6 +116,7 @@ async def test_metrics_and_json_views(server: tuple[OpsServer, FakeView]) -> Non
     assert json.loads(body) == [{"name": "p1", "type": "ReporterPlugin"}]
     assert json.loads((await get(ops, "/v1/status"))[2])["node"] == "n1"
     assert json.loads((await get(ops, "/v1/config"))[2]) == {"ops": {"address": "x"}}
+    assert json.loads((await get(ops, "/v1/cnr"))[2])["cnr"] == {"kind": "CustomNodeResource"}
 
 
 async def test_errors(server: tuple[OpsServer, FakeView]) -> None:

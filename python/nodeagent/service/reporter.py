@@ -1,0 +1,141 @@
+"""The reporter as a supervised component: the report store (each reporter plugin's last report,
+checkpointed) and the CNR writer.
+
+Cluster mode: a dedicated accumulator over this node's CustomNodeResource (`update()` drains it,
+so no other consumer may share it) and a writer through the process's one client.
+Standalone: the merge alone, which /v1/cnr and ``nodeagent status`` show.
+
+Each run builds a fresh store (restored from the checkpoint), accumulator and writer: a
+restarted component starts from the checkpointed reports and the observed CNR, and writes
+nothing when they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from nodeagent.accumulator import Accumulator
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.checkpoint import CheckpointStore
+from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
+from nodeagent.kube.client import KubeClient
+from nodeagent.reporter.cnr import CnrWriter, cnr_query
+from nodeagent.reporter.settings import ReporterSettings
+from nodeagent.reporter.store import InTreeReporter, ReportStore
+from nodeagent.reporter.system import SystemReporter
+from nodeagent.service.component import Readiness
+
+__all__ = ["ReporterComponent", "cnr_summary"]
+
+
+class ReporterComponent:
+    name = "reporter"
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        plugins: LatestValue[Mapping[str, PluginData]],
+        settings: ReporterSettings,
+        accumulator_settings: AccumulatorSettings,
+        state_dir: str | None,
+        client: KubeClient | None = None,
+        in_tree: Sequence[InTreeReporter] | None = None,
+    ) -> None:
+        self.node_name = node_name
+        self._plugins = plugins
+        self._settings = settings
+        self._accumulator_settings = accumulator_settings
+        self._checkpoints = (
+            CheckpointStore(Path(state_dir) / "checkpoints") if state_dir is not None else None
+        )
+        self._client = client
+        if in_tree is None:
+            in_tree = (
+                [SystemReporter(cpu_flags=settings.cpu_flags, cpu_model=settings.cpu_model)]
+                if settings.system_reporter
+                else []
+            )
+        self._in_tree = list(in_tree)
+        self.store: ReportStore | None = None
+        self.accumulator: Accumulator | None = None
+        self.writer: CnrWriter | None = None
+
+    @property
+    def standalone(self) -> bool:
+        return self._client is None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        store = ReportStore(self._plugins, self._settings, self._checkpoints, in_tree=self._in_tree)
+        acc = (
+            None
+            if self._client is None
+            else Accumulator(self._client, [cnr_query(self.node_name)], self._accumulator_settings)
+        )
+        writer = CnrWriter(
+            node_name=self.node_name,
+            reports=store.latest,
+            settings=self._settings,
+            client=self._client,
+            accumulator=acc,
+        )
+        self.store, self.accumulator, self.writer = store, acc, writer
+        async with trio.open_nursery() as nursery:
+            await nursery.start(store.run)
+            if acc is not None:
+                await nursery.start(acc.run)
+            await nursery.start(writer.run)
+            task_status.started()
+
+    def readiness(self) -> Readiness:
+        writer, acc = self.writer, self.accumulator
+        if writer is None:
+            return False, "starting"
+        merged = writer.merged
+        bad = merged.bad if merged is not None else ()
+        fields = len(merged.reported) if merged is not None else 0
+        problems = f"; skipped {len(bad)} bad fields (first: {bad[0].describe()})" if bad else ""
+        if writer.standalone:
+            return True, f"standalone: {fields} CNR fields merged, not written{problems}"
+        if acc is not None and acc.problems():
+            return False, f"reading this node's CNR ({acc.not_ready_reason()})"
+        if writer.error is not None:
+            return False, f"writing the CNR fails: {writer.error}"
+        if not writer.synced:
+            return False, "waiting for the first CNR sync"
+        return True, f"{fields} CNR fields in sync{problems}"
+
+    def view(self) -> dict[str, Any]:
+        """What /v1/cnr shows."""
+        if self.writer is None:
+            return {"node": self.node_name, "mode": _mode(self.standalone), "cnr": None}
+        return self.writer.view()
+
+
+def _mode(standalone: bool) -> str:
+    return "standalone" if standalone else "cluster"
+
+
+def cnr_summary(view: Mapping[str, Any]) -> dict[str, Any]:
+    """The CNR part of `nodeagent status`: its fields, plugins, bad fields and sync state."""
+    cnr = view.get("cnr") or {}
+    fields = [
+        f"{section}.{name}"
+        for section in ("metadata", "spec", "status")
+        for name in (cnr.get(section) or {})
+        if name != "name"
+    ]
+    sync = view.get("sync") or {}
+    return {
+        "fields": fields,
+        "plugins": view.get("plugins") or [],
+        "bad_fields": view.get("bad_fields") or [],
+        "synced": sync.get("synced"),
+        "writes": sync.get("writes"),
+        "error": sync.get("error"),
+    }
