@@ -142,6 +142,21 @@ class _HangingReporter(_EndingReporter):
     hang_poll = True
 
 
+class _StreamingService(_EndingService):
+    """A stream that stays open (the SDK's), a poll that may hang."""
+
+    async def ListAndWatchReportContent(
+        self, stream: Stream[rep.Empty, rep.GetReportContentResponse]
+    ) -> None:
+        await self._plugin._stream_updates(stream)
+
+
+class _StreamingHangingReporter(ReporterPlugin):
+    def services(self) -> list[Any]:
+        self.service = _StreamingService(self, hang_poll=True)
+        return [self.service]
+
+
 async def test_sdk_plugin_whose_stream_ends_still_reports_through_the_poll(
     bridge: GrpcBridge, registry: str, manager: PluginManager
 ) -> None:
@@ -190,3 +205,29 @@ async def test_a_plugin_streaming_and_polled_is_published_once_per_change(
             while handler.polls < polls + 3:
                 await handler.changes.wait_newer(handler.changes.version)
         assert channel.version == version
+
+
+async def test_a_hanging_plugin_does_not_hold_up_the_polls_of_the_others(
+    bridge: GrpcBridge, registry: str, nursery: trio.Nursery
+) -> None:
+    # A streaming plugin whose poll hangs 8 s (a round of polls reaches it); the other plugin's
+    # polls (every 0.2 s) must go on meanwhile.
+    settings = fast_settings(registry, report_poll_interval=0.2, report_poll_timeout=8.0)
+    manager = PluginManager(settings, bridge)
+    await nursery.start(manager.run)
+    channel = manager.channel("ReporterPlugin")
+    async with (
+        _StreamingHangingReporter.serve(
+            name="hang", registry_dir=registry, bridge=bridge
+        ) as hanging,
+        _EndingReporter.serve(name="quick", registry_dir=registry, bridge=bridge) as quick,
+    ):
+        assert isinstance(hanging, _StreamingHangingReporter)
+        assert isinstance(quick, _EndingReporter)
+        await hanging.report([_item(1)])
+        await quick.report([_item(1)])
+        await wait_until(manager, lambda: {"hang", "quick"} <= set(channel.value))
+        await wait_until(manager, lambda: hanging.service.polls >= 1)
+        await quick.report([_item(2)])
+        await wait_until(manager, lambda: _value(channel.value["quick"]) == 2, within=3.0)
+        assert hanging.service.polls == 1  # still the first, hanging poll: not polled twice

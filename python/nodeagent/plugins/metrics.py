@@ -38,7 +38,7 @@ ERRORS = Counter(
     "nodeagent_plugin_errors_total",
     "Plugin errors by kind (dial, get_info, unknown_type, validation, register, notify, probe, "
     "peer_rejected, endpoint_rejected, stream, stream_internal, message_too_large, "
-    "message_malformed, message_invalid, deregister, scan).",
+    "message_malformed, message_invalid, deregister, scan, report_poll).",
     ["kind"],
 )
 REGISTERED = Gauge(

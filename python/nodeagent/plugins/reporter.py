@@ -104,13 +104,17 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
             self._publish(entry)
 
     async def _poll_loop(self) -> None:
+        """Every interval, poll every registered plugin without waiting for the last round: a
+        plugin that hangs until its timeout delays no one (nor is it polled twice at once)."""
         interval = self._settings.report_poll_interval
         while True:
             await trio.sleep(interval)
-            async with trio.open_nursery() as nursery:
-                for name, entry in list(self._entries.items()):
-                    if entry.registered:
-                        nursery.start_soon(self._poll, name)
+            nursery = self._nursery
+            if nursery is None:
+                continue
+            for name, entry in list(self._entries.items()):
+                if entry.registered and name not in self._polling:
+                    nursery.start_soon(self._poll, name)
 
     async def _poll(self, name: str) -> None:
         """One GetReportContent call to the plugin serving `name`; never raises (but Cancelled)."""
