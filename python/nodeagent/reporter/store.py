@@ -228,12 +228,13 @@ class ReportStore:
         self._changes += 1
         self._dirty.set()
 
-    def _stop(self, name: str, entry: _Entry, remaining: float) -> None:
+    def _stop(self, name: str, entry: _Entry, remaining: float, *, restored: bool = False) -> None:
         entry.running = False
         entry.stopped_at = self._clock()
         entry.expires = trio.current_time() + remaining
         self._expiry_changed.set()
-        log.info("reporter plugin stopped; its report is kept for the grace", plugin=name)
+        if not restored:  # restored entries are logged together
+            log.info("reporter plugin stopped; its report is kept for the grace", plugin=name)
 
     async def _expire_loop(self) -> None:
         while True:
@@ -302,10 +303,13 @@ class ReportStore:
             # A plugin running when the agent stopped gets the whole grace to come back; one
             # already stopped keeps what was left of it (the wall clock spans the restart).
             elapsed = 0.0 if stopped_at is None else min(max(now - stopped_at, 0.0), grace)
-            self._stop(name, entry, grace - elapsed)
+            self._stop(name, entry, grace - elapsed, restored=True)
             if stopped_at is not None:
                 entry.stopped_at = stopped_at
-        log.info("reporter checkpoint restored", plugins=sorted(restored))
+        log.info(
+            "reporter checkpoint restored; its plugins are stopped until they deliver again",
+            plugins=sorted(restored),
+        )
 
 
 def encode_checkpoint(entries: Mapping[str, _Entry], now: float) -> bytes:
