@@ -30,7 +30,10 @@ log = get_logger(__name__)
 
 REPORTER_PLUGIN_TYPE = "ReporterPlugin"
 SUPPORTED_VERSIONS = ("v1alpha1",)
-# Stream states in which the stream may still deliver (a failing one is being reopened).
+# Stream states in which the stream may still deliver. A stream being reopened counts: it
+# passes through "open" on every attempt, so judging it by each failure would flap the plugin
+# between live and stopped (and rewrite the reports' checkpoint each time); a plugin that is
+# gone stops answering GetInfo probes and is deregistered instead.
 _STREAM_DELIVERS = frozenset({"starting", "open", "backoff"})
 
 
