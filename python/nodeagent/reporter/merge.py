@@ -462,9 +462,9 @@ def merge_fields(
         merged[f.field_name] = _merge(merged.get(f.field_name), value, spec.type)
         specs[f.field_name] = spec
     if "TopologyZone" in merged:
-        merged["TopologyZone"] = merge_zones(merged["TopologyZone"])
+        merged["TopologyZone"] = merge_zones(merged["TopologyZone"] or ())
     if "Taints" in merged:
-        merged["Taints"] = merge_taints(observed_taints, merged["Taints"])
+        merged["Taints"] = merge_taints(observed_taints, merged["Taints"] or ())
     body: dict[str, Any] = {}
     for name, value in merged.items():
         spec = specs[name]
