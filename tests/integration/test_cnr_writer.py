@@ -4,6 +4,7 @@ others, fields no longer reported are removed, and another writer's fields survi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -15,13 +16,13 @@ import trio
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings
 from nodeagent.core.latest import LatestValue
-from nodeagent.kube import CORE_EVENTS, KubeClient
+from nodeagent.kube import CORE_EVENTS, KubeClient, errors
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.cnr import CNR_RESOURCE, CnrWriter, cnr_query
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.model import PluginReport
 from nodeagent.reporter.settings import ReporterSettings
-from tests.support.crds import install_cnr_crd
+from tests.support.crds import install_cnr_crd, install_cnr_node_access
 
 SPEC, STATUS, METADATA = pb.Spec, pb.Status, pb.Metadata
 WAIT = 30
@@ -58,7 +59,7 @@ async def running_writer(
     writer = CnrWriter(
         node_name=node,
         reports=reports,
-        settings=ReporterSettings(cnr_min_write_interval=0.0, **settings),
+        settings=ReporterSettings(**{"cnr_min_write_interval": 0.0, **settings}),
         client=client,
         accumulator=acc,
     )
@@ -253,3 +254,48 @@ async def test_unreported_fields_removed_other_writers_kept(admin_client: KubeCl
         assert "topologyZone" not in cnr["status"]
         assert cnr["status"]["resources"] == {"allocatable": {"cpu": "4"}}
         assert cnr["status"]["conditions"][0]["type"] == "AgentReady"
+
+
+async def test_node_credentials_write_own_cnr_refused_on_another(
+    admin_client: KubeClient, node_client: KubeClient
+) -> None:
+    """node-a, with the RBAC and admission policy shipped in deploy/, keeps its own CNR; the
+    same writer pointed at node-b's is refused, backs off and says so in its state."""
+    await install_cnr_crd(admin_client)
+    await install_cnr_node_access(admin_client, node_client, "node-a")
+    with contextlib.suppress(errors.NotFound):
+        await admin_client.delete(CNR_RESOURCE, "node-a")
+    reports: Reports = LatestValue({})
+    version = publish(reports, report("a", (STATUS, "TopologyPolicy", "None")))
+    async with running_writer(node_client, "node-a", reports) as writer:
+        await settle(writer, version)
+        assert (await get_cnr(admin_client, "node-a"))["status"]["topologyPolicy"] == "None"
+    async with running_writer(node_client, "node-b", reports, cnr_retry_initial=0.05) as writer:
+        with trio.fail_after(WAIT):
+            while writer.error is None:
+                await writer.changed()
+        assert "Forbidden" in writer.error and not writer.synced
+
+
+async def test_flapping_plugin_coalesced_latest_wins(admin_client: KubeClient) -> None:
+    await install_cnr_crd(admin_client)
+    node = f"cnr-{uuid.uuid4().hex[:8]}"
+    reports: Reports = LatestValue({})
+    version = publish(reports, report("flap", (STATUS, "Resources", {"allocatable": {"cpu": 0}})))
+    async with running_writer(admin_client, node, reports, cnr_min_write_interval=0.5) as writer:
+        await settle(writer, version)
+        before, start = writer.writes, trio.current_time()
+        for i in range(1, 51):
+            version = publish(
+                reports, report("flap", (STATUS, "Resources", {"allocatable": {"cpu": i}}))
+            )
+            # Paced by a round trip to the apiserver, as long as a write takes: an uncoalesced
+            # writer would write after (nearly) every report.
+            await get_cnr(admin_client, node)
+        await settle(writer, version)
+        # One write per interval at most (the 50 round trips take about a second here), the
+        # last one carrying the last report.
+        elapsed = trio.current_time() - start
+        assert writer.writes - before <= elapsed / 0.5 + 2
+        cnr = await get_cnr(admin_client, node)
+        assert cnr["status"]["resources"]["allocatable"] == {"cpu": "50"}

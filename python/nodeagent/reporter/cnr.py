@@ -214,6 +214,7 @@ class CnrWriter:
         self._merged_version = -1
         self.settled_version = -1
         self._settled = trio.Event()
+        self._state_changed = trio.Event()
 
     @property
     def standalone(self) -> bool:
@@ -289,6 +290,15 @@ class CnrWriter:
         self.settled_version = self._merged_version
         self._settled.set()
         self._settled = trio.Event()
+        self._announce()
+
+    def _announce(self) -> None:
+        self._state_changed.set()
+        self._state_changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Until the writer's state (synced, error, writes) next changes."""
+        await self._state_changed.wait()
 
     async def wait_settled(self, version: int) -> None:
         """Until reports of at least ``version`` are merged and on the server (merged alone,
@@ -363,11 +373,13 @@ class CnrWriter:
             raise
         metrics.WRITES.labels(verb, "ok").inc()
         self.writes += 1
+        self._announce()
 
     def _failed(self, exc: KubeError) -> None:
         self.synced = False
         self.error = f"{type(exc).__name__}: {exc}"
         log.warning("writing the CNR failed", node=self.node_name, error=self.error)
+        self._announce()
 
     async def _send_events(self, receive: trio.MemoryReceiveChannel[BadField]) -> None:
         assert self._client is not None
