@@ -1,0 +1,81 @@
+"""The reporter component standalone: the merged CNR on /v1/cnr's view and in `nodeagent status`,
+bad fields in readiness, nothing written."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import trio
+
+from nodeagent.accumulator import AccumulatorSettings
+from nodeagent.core.latest import LatestValue
+from nodeagent.core.plugindata import PluginData
+from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
+from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
+from nodeagent.reporter.settings import ReporterSettings
+from nodeagent.service.reporter import ReporterComponent, cnr_summary
+from nodeagent.service.status import render
+
+
+def response(*fields: tuple[pb.FieldType, str, object]) -> pb.GetReportContentResponse:
+    content = pb.ReportContent(
+        field=[
+            pb.ReportField(fieldType=t, fieldName=n, value=json.dumps(v).encode())
+            for t, n, v in fields
+        ]
+    )
+    gvk = content.groupVersionKind
+    gvk.group, gvk.version, gvk.kind = CNR_GROUP, CNR_VERSION, CNR_KIND
+    return pb.GetReportContentResponse(content=[content])
+
+
+class InTree:
+    name = "system"
+
+    def collect(self) -> pb.GetReportContentResponse:
+        return response(
+            (pb.Spec, "NodeResourceProperties", [{"propertyName": "cpu", "propertyQuantity": "4"}])
+        )
+
+
+async def test_standalone_serves_the_merged_cnr(tmp_path: Path) -> None:
+    plugin = PluginData(
+        name="rep",
+        plugin_type="ReporterPlugin",
+        endpoint="/x.sock",
+        message=response((pb.Status, "TopologyPolicy", "None"), (pb.Status, "Nope", 1)),
+        received_at=0.0,
+        registered=True,
+    )
+    plugins: LatestValue[Mapping[str, PluginData]] = LatestValue({"rep": plugin})
+    component = ReporterComponent(
+        node_name="n1",
+        plugins=plugins,
+        settings=ReporterSettings(),
+        accumulator_settings=AccumulatorSettings(),
+        state_dir=str(tmp_path),
+        in_tree=[InTree()],
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(component.run)
+        assert component.store is not None and component.writer is not None
+        with trio.fail_after(5):
+            await component.writer.wait_settled(component.store.latest.version)
+        view = component.view()
+        assert view["mode"] == "standalone"
+        assert view["cnr"]["status"] == {"topologyPolicy": "None"}
+        assert view["cnr"]["spec"]["nodeResourceProperties"][0]["propertyName"] == "cpu"
+        assert view["bad_fields"] == [
+            {"plugin": "rep", "field": "Status/Nope", "reason": "unknown field"}
+        ]
+        ready, why = component.readiness()
+        assert ready and why.startswith("standalone: 2 CNR fields merged, not written")
+        assert "Status/Nope" in why
+        summary = cnr_summary(view)
+        assert summary["fields"] == ["spec.nodeResourceProperties", "status.topologyPolicy"]
+        text = render({"node": "n1", "components": [], "cnr": summary}, [])
+        assert "CNR: 2 fields from 2 reporters, standalone" in text
+        assert "skipped Status/Nope from rep: unknown field" in text
+        nursery.cancel_scope.cancel()
