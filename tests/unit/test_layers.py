@@ -54,7 +54,7 @@ ALLOWED: dict[str, set[str]] = {
         "log",
     },
     "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
-    "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos"},
+    "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos", "_native"},
     "accumulator": {"kube", "core", "log", "_native"},
     "sdk": {"rpc", "core", "protos"},
     "plugins": {"rpc", "core", "log", "protos"},

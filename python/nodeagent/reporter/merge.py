@@ -36,8 +36,8 @@ from typing import Any
 
 import msgspec
 
-from nodeagent.core.k8s import QuantityError, is_rfc3339, parse_quantity
-from nodeagent.core.k8s import canonical as canonical_quantity
+from nodeagent._native import quantity_canonical
+from nodeagent.core.k8s import is_rfc3339
 
 __all__ = [
     "CNR_API_VERSION",
@@ -218,8 +218,9 @@ def _decode(v: Any, t: _T, path: str) -> Any:
         if isinstance(v, bool) or not isinstance(v, str | int | float):
             raise _DecodeError(path, "want a quantity")
         try:
-            return canonical_quantity(parse_quantity(str(v).strip()))
-        except QuantityError as exc:
+            # The Rust quantity code (property-tested against nodeagent.core.k8s).
+            return quantity_canonical(str(v).strip())
+        except ValueError as exc:
             raise _DecodeError(path, str(exc)) from None
     if isinstance(t, _Any):
         return v
@@ -251,11 +252,16 @@ def _decode(v: Any, t: _T, path: str) -> Any:
 def _merge(dst: Any, src: Any, t: _T) -> Any:
     """``src`` merged into ``dst`` (both decoded values of type ``t``, None for zero)."""
     # Empty lists and maps are None (Go's nil and empty both marshal to nothing with omitempty).
+    # Both sides are fresh from _decode or an earlier _merge, so `dst` is extended in place:
+    # appending field after field stays linear.
     if isinstance(t, _List):
-        out_list = [e for e in (*(dst or ()), *(src or ())) if e is not None]
+        out_list = dst if dst is not None else []
+        out_list.extend(e for e in (src or ()) if e is not None)
         return out_list or None
     if isinstance(t, _Map):
-        return {**(dst or {}), **(src or {})} or None
+        out_map = dst if dst is not None else {}
+        out_map.update(src or {})
+        return out_map or None
     if isinstance(t, _Ptr):
         if src is None:
             return dst
@@ -413,11 +419,14 @@ class MergeResult:
     bad: tuple[BadField, ...]
 
 
+_DECIMAL = [str(b) for b in range(256)]
+
+
 def sort_key(f: ReportedField) -> tuple[str, str, str]:
     """The order of gogo's ``ReportField.String()``: type name, field name, then the value bytes
     as Go's ``%v`` of a []byte prints them. Field names are Go identifiers (all above ',' in
     ASCII), and the bytes text ends in ']', so the tuple sorts as the whole string does."""
-    return (f.type_name, f.field_name, "[" + " ".join(map(str, f.value)) + "]")
+    return (f.type_name, f.field_name, "[" + " ".join([_DECIMAL[b] for b in f.value]) + "]")
 
 
 def fields_of(reports: Mapping[str, Any]) -> list[ReportedField]:
