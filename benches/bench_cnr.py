@@ -8,8 +8,9 @@
   admin watch of the CNR shows the previous one; p50 and p99, and API writes per push (target
   <= 1), then the same report pushed again (target: 0 writes). Baseline side by side: the same
   closed loop with no agent, a direct server-side apply of the status;
-- load: 10 plugins pushing at 50 Hz each for 3 s; writes and CPU time of this process (the whole
-  agent side), against the same process idle for as long.
+- load: 10 plugins pushing at 50 Hz each for 3 s, with the default reporter.cnr_min_write_interval
+  (1 s); writes and CPU time of this process (the whole agent side and the 10 SDK plugins), against
+  the same process idle for as long.
 
 Run: .venv/bin/python -m pytest benches/bench_cnr.py --benchmark-only -s
 """
@@ -188,21 +189,27 @@ async def watching(admin: KubeClient, node: str) -> AsyncIterator[Visible]:
 
 
 @contextlib.asynccontextmanager
-async def agent(client: KubeClient, registry: str, node: str) -> AsyncIterator[ReporterComponent]:
+async def agent(
+    client: KubeClient, registry: str, node: str, *, min_write_interval: float = 0.0
+) -> AsyncIterator[tuple[PluginManager, ReporterComponent]]:
     async with open_grpc_bridge() as bridge, trio.open_nursery() as nursery:
-        manager = PluginManager(fast_settings(registry, probe_interval=2.0), bridge)
+        # No stream rate limit (plugins.stream_min_interval, 0.1 s by default): the closed loop
+        # would measure that limit, not the CNR path.
+        manager = PluginManager(
+            fast_settings(registry, probe_interval=2.0, stream_min_interval=0.0), bridge
+        )
         await nursery.start(manager.run)
         component = ReporterComponent(
             node_name=node,
             plugins=manager.channel("ReporterPlugin"),
-            settings=ReporterSettings(cnr_min_write_interval=0.0),
+            settings=ReporterSettings(cnr_min_write_interval=min_write_interval),
             accumulator_settings=AccumulatorSettings(),
             state_dir=None,
             client=client,
             in_tree=[],
         )
         await nursery.start(component.run)
-        yield component
+        yield manager, component
         nursery.cancel_scope.cancel()
 
 
@@ -226,7 +233,7 @@ async def run_agent(srv: ApiServer, registry: str) -> dict[str, float]:
         await install_cnr_crd(admin)
         async with (
             watching(admin, node) as visible,
-            agent(admin, registry, node) as component,
+            agent(admin, registry, node) as (manager, component),
             ReporterPlugin.serve(name="bench", registry_dir=registry) as plugin,
         ):
             await plugin.report(seq_items(0))
@@ -236,19 +243,23 @@ async def run_agent(srv: ApiServer, registry: str) -> dict[str, float]:
             writes0 = writer.writes
             latencies = []
             for seq in range(1, PUSHES + 1):
-                t0 = trio.current_time()
+                t0 = time.perf_counter()
                 await plugin.report(seq_items(seq))
                 await visible.until(lambda s=seq: visible.seq >= s)  # type: ignore[misc]
                 latencies.append((visible.at - t0) * 1e3)
+            assert component.store is not None
+            with trio.fail_after(TIMEOUT):
+                await writer.wait_settled(component.store.latest.version)
             writes = writer.writes - writes0
             # The same report again: merged, compared with the server, not written.
-            assert component.store is not None
             before = writer.writes
-            for _ in range(SAME_PUSHES):
-                await plugin.report(seq_items(PUSHES))
-            version = component.store.latest.version
+            channel = manager.channel("ReporterPlugin")
             with trio.fail_after(TIMEOUT):
-                await writer.wait_settled(version)
+                for _ in range(SAME_PUSHES):
+                    delivered = channel.version
+                    await plugin.report(seq_items(PUSHES))
+                    await channel.wait_newer(delivered)
+                await writer.wait_settled(component.store.latest.version)
             same = writer.writes - before
     return {
         "p50": percentile(latencies, 0.5),
@@ -269,7 +280,7 @@ async def run_direct(srv: ApiServer) -> dict[str, float]:
         async with watching(admin, node) as visible:
             latencies = []
             for seq in range(1, PUSHES + 1):
-                t0 = trio.current_time()
+                t0 = time.perf_counter()
                 body = {
                     "apiVersion": CNR_API_VERSION,
                     "kind": CNR_KIND,
@@ -291,7 +302,11 @@ async def run_load(srv: ApiServer, registry: str) -> dict[str, float]:
         idle = time.process_time()
         await trio.sleep(LOAD_SECONDS)
         idle = time.process_time() - idle
-        async with agent(admin, registry, node) as component, contextlib.AsyncExitStack() as stack:
+        async with (
+            # The default write interval (1 s): the deployed coalescing.
+            agent(admin, registry, node, min_write_interval=1.0) as (_, component),
+            contextlib.AsyncExitStack() as stack,
+        ):
             plugins = [
                 await stack.enter_async_context(
                     ReporterPlugin.serve(name=f"load-{i}", registry_dir=registry)
