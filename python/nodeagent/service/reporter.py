@@ -21,14 +21,20 @@ import trio
 from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
+from nodeagent.core.backoff import Backoff
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.client import KubeClient
+from nodeagent.kube.errors import KubeError, NotFound
+from nodeagent.log import get_logger
 from nodeagent.reporter.cnr import CnrWriter, cnr_query
+from nodeagent.reporter.merge import CNR_API_VERSION, CNR_KIND
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.reporter.store import InTreeReporter, ReportStore
 from nodeagent.reporter.system import SystemReporter
 from nodeagent.service.component import Readiness
+
+log = get_logger(__name__)
 
 __all__ = ["ReporterComponent", "cnr_summary"]
 
@@ -65,6 +71,8 @@ class ReporterComponent:
         self.store: ReportStore | None = None
         self.accumulator: Accumulator | None = None
         self.writer: CnrWriter | None = None
+        # Why the CNR is not written although connected: its CRD is not served.
+        self.crd_missing: str | None = None
 
     @property
     def standalone(self) -> bool:
@@ -72,25 +80,66 @@ class ReporterComponent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         store = ReportStore(self._plugins, self._settings, self._checkpoints, in_tree=self._in_tree)
-        acc = (
-            None
-            if self._client is None
-            else Accumulator(self._client, [cnr_query(self.node_name)], self._accumulator_settings)
-        )
-        writer = CnrWriter(
-            node_name=self.node_name,
-            reports=store.latest,
-            settings=self._settings,
-            client=self._client,
-            accumulator=acc,
-        )
-        self.store, self.accumulator, self.writer = store, acc, writer
+        self.store, self.accumulator, self.crd_missing = store, None, None
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
-            if acc is not None:
-                await nursery.start(acc.run)
+            if self._client is None:
+                await nursery.start(self._merge_only, store)
+                task_status.started()
+                return
+            client = self._client
+            if not await self._crd_served(client):
+                # A cluster without the CRD: the agent's other work must not wait for an
+                # optional kind. The merge is shown meanwhile; the CRD is looked for again.
+                merging = trio.CancelScope()
+                await nursery.start(self._merge_only, store, merging)
+                task_status.started()
+                task_status = trio.TASK_STATUS_IGNORED
+                while True:
+                    await trio.sleep(self._settings.cnr_retry_max)
+                    if await self._crd_served(client):
+                        break
+                merging.cancel()
+            self.crd_missing = None
+            acc = Accumulator(client, [cnr_query(self.node_name)], self._accumulator_settings)
+            writer = CnrWriter(
+                node_name=self.node_name,
+                reports=store.latest,
+                settings=self._settings,
+                client=client,
+                accumulator=acc,
+            )
+            self.accumulator, self.writer = acc, writer
+            await nursery.start(acc.run)
             await nursery.start(writer.run)
             task_status.started()
+
+    async def _merge_only(
+        self,
+        store: ReportStore,
+        scope: trio.CancelScope | None = None,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        writer = CnrWriter(node_name=self.node_name, reports=store.latest, settings=self._settings)
+        self.writer = writer
+        with scope if scope is not None else trio.CancelScope():
+            await writer.run(task_status=task_status)
+
+    async def _crd_served(self, client: KubeClient) -> bool:
+        """Whether the apiserver serves the CNR kind; other discovery errors are retried."""
+        backoff = Backoff(1.0, self._settings.cnr_retry_max)
+        while True:
+            try:
+                await client.discover(CNR_API_VERSION, CNR_KIND)
+                return True
+            except NotFound as exc:
+                self.crd_missing = str(exc)
+                return False
+            except KubeError as exc:
+                self.crd_missing = None
+                log.warning("discovering the CNR kind failed: retrying", error=str(exc))
+                await trio.sleep(backoff.next())
 
     def readiness(self) -> Readiness:
         writer, acc = self.writer, self.accumulator
@@ -100,6 +149,11 @@ class ReporterComponent:
         bad = merged.bad if merged is not None else ()
         fields = len(merged.reported) if merged is not None else 0
         problems = f"; skipped {len(bad)} bad fields (first: {bad[0].describe()})" if bad else ""
+        if self.crd_missing is not None:
+            return True, (
+                f"the CustomNodeResource CRD is not installed ({self.crd_missing}): {fields} CNR "
+                f"fields merged, not written{problems}"
+            )
         if writer.standalone:
             return True, f"standalone: {fields} CNR fields merged, not written{problems}"
         if acc is not None and acc.problems():
@@ -114,7 +168,11 @@ class ReporterComponent:
         """What /v1/cnr shows."""
         if self.writer is None:
             return {"node": self.node_name, "mode": _mode(self.standalone), "cnr": None}
-        return self.writer.view()
+        doc = self.writer.view()
+        if self.crd_missing is not None:
+            doc["mode"] = "cluster"
+            doc["sync"] = {"crd_missing": self.crd_missing, "synced": False, "writes": 0}
+        return doc
 
 
 def _mode(standalone: bool) -> str:

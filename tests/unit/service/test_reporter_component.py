@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
 import trio
+import trio.testing
 
 from nodeagent.accumulator import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
+from nodeagent.kube import KubeClient, errors
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.settings import ReporterSettings
@@ -78,4 +81,43 @@ async def test_standalone_serves_the_merged_cnr(tmp_path: Path) -> None:
         text = render({"node": "n1", "components": [], "cnr": summary}, [])
         assert "CNR: 2 fields from 2 reporters, standalone" in text
         assert "skipped Status/Nope from rep: unknown field" in text
+        nursery.cancel_scope.cancel()
+
+
+class NoCrdClient:
+    """Discovery answers that the CNR kind is not served."""
+
+    def __init__(self) -> None:
+        self.discoveries = 0
+
+    async def discover(self, api_version: str, kind: str) -> object:
+        self.discoveries += 1
+        raise errors.NotFound(404, "NotFound", f"kind {kind} is not served by {api_version}")
+
+
+async def test_connected_without_the_crd_is_ready_and_looks_again(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    client = NoCrdClient()
+    plugins: LatestValue[Mapping[str, PluginData]] = LatestValue({})
+    component = ReporterComponent(
+        node_name="n1",
+        plugins=plugins,
+        settings=ReporterSettings(cnr_retry_max=30.0),
+        accumulator_settings=AccumulatorSettings(),
+        state_dir=str(tmp_path),
+        client=cast(KubeClient, client),
+        in_tree=[InTree()],
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(component.run)
+        assert component.store is not None and component.writer is not None
+        await component.writer.wait_settled(component.store.latest.version)
+        ready, why = component.readiness()
+        assert ready and why.startswith("the CustomNodeResource CRD is not installed")
+        view = component.view()
+        assert view["mode"] == "cluster" and "not served" in view["sync"]["crd_missing"]
+        assert view["cnr"]["spec"]["nodeResourceProperties"][0]["propertyName"] == "cpu"
+        await trio.sleep(65)
+        assert client.discoveries == 3  # at start, then every cnr_retry_max
         nursery.cancel_scope.cancel()
