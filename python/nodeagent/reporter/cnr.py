@@ -81,10 +81,12 @@ def _empty(v: Any) -> bool:
     return v is None or v == "" or v == [] or v == {}
 
 
-def _same_scalar(a: Any, b: Any) -> bool:
+def _same_scalar(a: Any, b: Any, by_value: bool) -> bool:
     if a == b:
         return True
-    if isinstance(a, str | int) and isinstance(b, str | int) and not isinstance(a, bool):
+    if by_value and isinstance(a, str | int) and isinstance(b, str | int):
+        if isinstance(a, bool) or isinstance(b, bool):
+            return False
         try:
             return parse_quantity(str(a)).value == parse_quantity(str(b)).value
         except QuantityError:
@@ -92,20 +94,24 @@ def _same_scalar(a: Any, b: Any) -> bool:
     return False
 
 
-def _covered(want: Any, have: Any) -> bool:
+def _covered(want: Any, have: Any, *, by_value: bool = True, top: bool = False) -> bool:
     """``want`` is on the server as ``have``: objects key by key (the server may add defaults),
-    lists element by element, quantities by value, empty equal to absent."""
-    if _empty(want):
+    lists element by element, empty equal to absent; with ``by_value`` (spec and status, not
+    labels and annotations) quantities by value ("1" is "1000m"). ``top``: ``want`` is an object
+    of which only the keys given are compared (metadata: nothing to compare is covered)."""
+    if _empty(want) and not top:
         return _empty(have)
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(_covered(v, have.get(k)) for k, v in want.items())
+        return isinstance(have, dict) and all(
+            _covered(v, have.get(k), by_value=by_value) for k, v in want.items()
+        )
     if isinstance(want, list):
         return (
             isinstance(have, list)
             and len(want) == len(have)
-            and all(_covered(w, h) for w, h in zip(want, have, strict=True))
+            and all(_covered(w, h, by_value=by_value) for w, h in zip(want, have, strict=True))
         )
-    return _same_scalar(want, have)
+    return _same_scalar(want, have, by_value)
 
 
 def _owned(observed: Mapping[str, Any], subresource: str) -> set[tuple[str, ...]]:
@@ -166,11 +172,11 @@ def write_plan(
         applied = _applied(body)
         if applied or _owned(observed, sub):
             stale = _owned(observed, sub) - applied
-            content = {k: v for k, v in body.items() if k in ("spec", "status")}
-            meta_content = {k: v for k, v in body["metadata"].items() if k != "name"}
-            if meta_content:
-                content["metadata"] = meta_content
-            if stale or not _covered(content, observed):
+            keys = {k: v for k, v in body["metadata"].items() if k != "name"}
+            same = all(
+                _covered(body[k], observed.get(k)) for k in ("spec", "status") if k in body
+            ) and _covered(keys, observed.get("metadata") or {}, by_value=False, top=True)
+            if stale or not same:
                 plan.append((verb, body))
     return plan
 
@@ -347,6 +353,12 @@ class CnrWriter:
         for verb, body in plan:
             await self._write(verb, body)
         self.synced, self.error = True, None
+        # Our writes are in the snapshot at once (read-your-writes), and this update takes the
+        # news of them, so no later change may come to wake the loop: check here, once.
+        self._acc.update(self._snap)
+        self.observed = self._observed()
+        if not write_plan(self.node_name, merged, self.observed):
+            self._settle()
         return True
 
     async def _write(self, verb: str, body: dict[str, Any]) -> None:
