@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,5 +83,40 @@ def test_standalone_serves_the_merged_cnr(
     assert "from 2 reporters, standalone" in out.stdout
     assert "status.topologyPolicy" in out.stdout
     assert "skipped Status/Bogus from zones: unknown field" in out.stdout
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
+
+
+# Katalyst's own reporter checkpoint (reference: katalyst.md 2.3): its Go checksum cannot be
+# verified here, so the agent must set it aside and start fresh, not crash or overwrite it.
+KATALYST_CHECKPOINT = (
+    '{"Data":{"kubelet-reporter-plugin":{"content":[{"groupVersionKind":{"group":'
+    '"node.katalyst.kubewharf.io","version":"v1alpha1","kind":"CustomNodeResource"},'
+    '"field":[{"fieldType":1,"fieldName":"TopologyZone","value":"W10="}]}]}},'
+    '"Checksum":2166136261}'
+)
+
+
+def test_a_corrupt_reporter_checkpoint_is_moved_aside_and_the_agent_starts(
+    start_agent: StartAgent, tmp_path: Path, registry: str
+) -> None:
+    checkpoints = tmp_path / "state-0" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "reporter_manager_checkpoint").write_text(KATALYST_CHECKPOINT)
+    agent = start_agent("--node-name", "node-a", "--registry-dir", registry)
+    assert agent.state_dir == tmp_path / "state-0"
+    agent.wait_ready()
+
+    def counted() -> str | None:
+        metrics = agent.get("/metrics")[1]
+        line = 'nodeagent_checkpoint_corrupt_total{name="reporter_manager_checkpoint"} 1.0'
+        return metrics if line in metrics else None
+
+    until(counted, "the corrupt checkpoint counted")
+    aside = [p.name for p in checkpoints.iterdir() if ".corrupt-" in p.name]
+    assert len(aside) == 1 and aside[0].startswith("reporter_manager_checkpoint.corrupt-")
+    assert (checkpoints / aside[0]).read_text() == KATALYST_CHECKPOINT  # kept for inspection
+    doc = json.loads(agent.get("/v1/cnr")[1])
+    assert "kubelet-reporter-plugin" not in doc["plugins"]  # fresh start: nothing restored
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=15) == 0
