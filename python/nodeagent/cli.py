@@ -136,7 +136,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     log = get_logger("nodeagent")
     log.info("configuration loaded", source=source or "defaults", version=__version__)
-    agent = Agent(config)
+    overrides = overrides_from_args(args)
+    # SIGHUP re-reads the same file with the same flags and validation.
+    agent = Agent(config, reloader=lambda: load_config(args.config, overrides)[0])
     try:
         trio.run(agent.run)
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed

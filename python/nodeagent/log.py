@@ -120,7 +120,12 @@ def configure_logging(
     handler.setFormatter(StructuredFormatter(fmt, priority_prefix=priority_prefix))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level.upper())
+    set_log_level(level)
+
+
+def set_log_level(level: str) -> None:
+    """Change the level of every nodeagent log at once (also at run time: a config reload)."""
+    logging.getLogger().setLevel(level.upper())
     # Third-party chatter stays at WARNING unless we debug.
     for noisy in ("httpx", "httpcore", "hpack", "grpclib", "asyncio", "trio_asyncio"):
         logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)

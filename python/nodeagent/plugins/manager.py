@@ -53,12 +53,15 @@ class PluginManager:
 
     def __init__(
         self,
-        settings: PluginSettings,
+        settings: PluginSettings | LatestValue[PluginSettings],
         bridge: GrpcBridge,
         handlers: Sequence[PluginHandler] | None = None,
         *,
         uid_check: UidCheck | None = None,
     ) -> None:
+        # A LatestValue makes the intervals live: each wait reads the newest settings.
+        self.live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
+        settings = self.live.value
         uid_allowed = uid_check or allowed_uids_check(settings.allowed_uids)
         if handlers is None:
             handlers = [
@@ -71,7 +74,7 @@ class PluginManager:
         self._caches = Caches()
         self._watcher = RegistryWatcher(
             settings.registry_dir,
-            settings.scan_interval,
+            lambda: self.live.value.scan_interval,
             self._caches,
             kick=self._kick,
             changed=self._changed,
@@ -86,10 +89,14 @@ class PluginManager:
             kick=self._kick,
         )
         self._reconciler = Reconciler(
-            self._caches, self._executor, self._seen, settings.scan_interval, changed=self._changed
+            self._caches,
+            self._executor,
+            self._seen,
+            lambda: self.live.value.scan_interval,
+            changed=self._changed,
         )
         self._monitor = ConnectionMonitor(
-            settings, bridge, self._caches, self._executor, self._seen, kick=self._kick
+            self.live, bridge, self._caches, self._executor, self._seen, kick=self._kick
         )
 
     # -- public API --------------------------------------------------------------------------
@@ -112,6 +119,7 @@ class PluginManager:
             nursery.start_soon(self._watcher.run)
             nursery.start_soon(self._reconciler.run, nursery)
             nursery.start_soon(self._monitor.run)
+            nursery.start_soon(self._follow_settings, self.live.version)
             log.info("plugin manager started", registry_dir=self._watcher.root)
             task_status.started()
 
@@ -170,6 +178,13 @@ class PluginManager:
         self._executor.reset()
         self._watcher.reset()
         self._caches.clear()
+
+    async def _follow_settings(self, version: int) -> None:
+        # A sleep taken with the old interval must not delay the new one (60 s -> 1 s).
+        while True:
+            version, _ = await self.live.wait_newer(version)
+            self._watcher.retime()
+            self._reconciler.wake()
 
     def _kick(self) -> None:
         self._reconciler.wake()

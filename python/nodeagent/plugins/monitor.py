@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from nodeagent.core.latest import LatestValue
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.executor import OperationExecutor
@@ -36,7 +37,7 @@ class ConnectionMonitor:
 
     def __init__(
         self,
-        settings: PluginSettings,
+        settings: PluginSettings | LatestValue[PluginSettings],
         bridge: GrpcBridge,
         caches: Caches,
         executor: OperationExecutor,
@@ -44,12 +45,16 @@ class ConnectionMonitor:
         *,
         kick: Callable[[], None],
     ) -> None:
-        self._settings = settings
+        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
         self._bridge = bridge
         self._caches = caches
         self._executor = executor
         self._seen = seen  # the sockets the registry scan found
         self._kick = kick
+
+    @property
+    def _settings(self) -> PluginSettings:
+        return self._live.value  # the newest: probe_interval is live
 
     async def run(self) -> None:
         while True:

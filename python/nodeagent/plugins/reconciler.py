@@ -30,14 +30,14 @@ class Reconciler:
         caches: Caches,
         executor: OperationExecutor,
         seen: Callable[[], Mapping[str, SocketIdentity]],
-        scan_interval: float,
+        scan_interval: float | Callable[[], float],
         *,
         changed: Callable[[], None],
     ) -> None:
         self._caches = caches
         self._executor = executor
         self._seen = seen  # the sockets the registry scan found
-        self._scan_interval = scan_interval
+        self._scan_interval = scan_interval if callable(scan_interval) else lambda: scan_interval
         self._changed = changed
         self._wake = trio.Event()
 
@@ -49,7 +49,7 @@ class Reconciler:
         while True:
             next_due = self.reconcile(nursery)
             # Sleep until something changes or a backoff expires (at most a scan interval).
-            delay = min(self._scan_interval, max(next_due - trio.current_time(), 0.0))
+            delay = min(self._scan_interval(), max(next_due - trio.current_time(), 0.0))
             with trio.move_on_after(delay):
                 await self._wake.wait()
             self._wake = trio.Event()

@@ -34,7 +34,7 @@ class RegistryWatcher:
     def __init__(
         self,
         registry_dir: str,
-        scan_interval: float,
+        scan_interval: float | Callable[[], float],
         caches: Caches,
         *,
         kick: Callable[[], None],
@@ -43,7 +43,8 @@ class RegistryWatcher:
         # Absolute, so every socket path derived from it passes the inside-the-registry check.
         self.root = os.path.abspath(registry_dir)
         self.real_root = os.path.realpath(self.root)
-        self._scan_interval = scan_interval
+        self._scan_interval = _as_callable(scan_interval)
+        self._retimed = trio.Event()
         self._caches = caches
         self._kick = kick  # the desired state changed: reconcile (and announce)
         self._changed = changed  # only what is shown changed: announce
@@ -71,9 +72,15 @@ class RegistryWatcher:
         self.scanned = False
         self.scan_error = ""
 
+    def retime(self) -> None:
+        """The interval changed: end the current wait (scanning now) so the next uses it."""
+        self._retimed.set()
+
     async def run(self) -> None:
         while True:
-            await trio.sleep(self._scan_interval)
+            self._retimed = trio.Event()
+            with trio.move_on_after(self._scan_interval()):
+                await self._retimed.wait()
             self.scan()
 
     def scan(self) -> None:
@@ -143,3 +150,9 @@ class RegistryWatcher:
             log.warning("plugin registry scan failed", path=self.root, error=str(exc))
             self.scan_error = error
             self._changed()  # readiness changed
+
+
+def _as_callable(value: float | Callable[[], float]) -> Callable[[], float]:
+    if callable(value):
+        return value
+    return lambda: value

@@ -23,7 +23,8 @@ import trio
 
 from nodeagent import __version__
 from nodeagent.config.render import to_builtins
-from nodeagent.log import get_logger
+from nodeagent.core.errors import ConfigError
+from nodeagent.log import get_logger, set_log_level
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
@@ -32,7 +33,8 @@ from nodeagent.service.component import Component, FatalError
 from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config
 from nodeagent.service.heartbeat import Heartbeat
-from nodeagent.service.metrics import BUILD_INFO
+from nodeagent.service.hub import ConfigHub
+from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS
 from nodeagent.service.ops import OpsServer
 from nodeagent.service.reporter import ReporterComponent, cnr_summary
 from nodeagent.service.resources import ResourcesComponent, slice_summary
@@ -50,6 +52,8 @@ EXIT_SHUTDOWN_TIMEOUT = 1
 # could not even get there (stuck loop, shielded cleanup that never returns).
 HARD_EXIT_GRACE = 2.0
 ShutdownHook = Callable[[], Awaitable[None]]
+# Re-reads the config file (and flags) with the start-up validation; raises ConfigError.
+Reloader = Callable[[], Config]
 
 
 def _hard_exit(code: int, message: str) -> None:
@@ -78,8 +82,12 @@ class Agent:
         notifier: Notifier | None = None,
         extra_components: Sequence[Component] = (),
         cluster: ClusterComponent | None = None,
+        reloader: Reloader | None = None,
     ) -> None:
-        self.config = config
+        self.hub = ConfigHub(config)
+        self.hub.subscribe("agent", on_applied=_apply_log_level, name="log")
+        self.reloader = reloader
+        self.last_reload: dict[str, Any] | None = None
         self.notifier = notifier or Notifier.from_env()
         self.heartbeat = Heartbeat.from_env(
             config.agent.heartbeat_interval,
@@ -106,6 +114,11 @@ class Agent:
         self._hard_timer: threading.Timer | None = None
         self._deadline: float | None = None
 
+    @property
+    def config(self) -> Config:
+        """The running configuration (hot changes included)."""
+        return self.hub.current
+
     def add_shutdown_hook(self, hook: ShutdownHook) -> None:
         """Called after the components are cancelled, in order, within the shutdown deadline."""
         self.shutdown_hooks.append(hook)
@@ -118,7 +131,7 @@ class Agent:
         # Static-configuration problems (an unusable kubeconfig) surface before anything starts.
         self.cluster.preflight()
         self._prepare_state_dir()
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._watch_signals, signals)
                 with self._main_scope:
@@ -149,9 +162,40 @@ class Agent:
     async def _watch_signals(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
             name = signal.Signals(signum).name
+            if signum == signal.SIGHUP:
+                self.reload()
+                continue
             if self._shutdown_started:
                 _hard_exit(128 + signum, f"second {name}: exiting immediately")
             self.request_shutdown(name)
+
+    def reload(self) -> None:
+        """Re-read the config file and propose it; anything wrong keeps the running config and
+        is logged, counted and shown in /v1/status (`config_reload`)."""
+        if self.reloader is None:
+            self._reloaded("unsupported", "no config file to re-read (started without reload)")
+            return
+        try:
+            new = self.reloader()
+        except ConfigError as exc:
+            self._reloaded("invalid", str(exc))
+            return
+        result = self.hub.propose(new, "SIGHUP")
+        if not result.applied:
+            self._reloaded("refused", result.reason())
+        elif result.changed:
+            self._reloaded("applied", "changed: " + ", ".join(result.changed))
+        else:
+            self._reloaded("unchanged", "no field changed")
+
+    def _reloaded(self, result: str, message: str) -> None:
+        CONFIG_RELOADS.labels(result=result).inc()
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.last_reload = {"result": result, "message": message, "time": at}
+        if result in ("applied", "unchanged"):
+            log.info("config reloaded", result=result, message=message)
+        else:
+            log.error("config reload failed; running config kept", result=result, error=message)
 
     def _prepare_state_dir(self) -> None:
         path = self.config.agent.state_dir
@@ -164,7 +208,7 @@ class Agent:
 
     async def _serve(self) -> None:
         async with open_grpc_bridge() as bridge, self.cluster.connected() as client:
-            manager = PluginManager(self.config.plugins, bridge)
+            manager = PluginManager(self.hub.subscribe("plugins", name="plugins"), bridge)
             self.plugins_component = PluginsComponent(manager)
             agent = self.config.agent
             self.resources_component = ResourcesComponent(
@@ -304,4 +348,10 @@ class Agent:
             "plugins": len(self.plugins()),
             "resourceslices": slice_summary(self.resourceslices()),
             "cnr": cnr_summary(self.cnr()),
+            "config_reload": self.last_reload,
         }
+
+
+def _apply_log_level(old: Any, new: Any) -> None:
+    if old.log_level != new.log_level:
+        set_log_level(new.log_level)

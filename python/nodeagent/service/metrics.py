@@ -31,3 +31,9 @@ SD_NOTIFY_ERRORS = Counter(
     "nodeagent_sd_notify_errors_total",
     "sd_notify datagrams that could not be sent to $NOTIFY_SOCKET.",
 )
+CONFIG_RELOADS = Counter(
+    "nodeagent_config_reloads_total",
+    "Config file re-reads (SIGHUP) by result: applied, unchanged, invalid (kept the running "
+    "config), refused (a static field or a component's veto).",
+    ["result"],
+)
