@@ -1,0 +1,95 @@
+"""`nodeagent run` reloads its config file on SIGHUP (systemctl reload): dynamic fields apply
+without a restart; an invalid file or a changed static field keeps the running config, says why
+in /v1/status and counts the reload by result."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.process.conftest import AgentProcess, StartAgent
+from tests.process.test_process_resourceslices import until
+
+
+@pytest.fixture
+def registry() -> Iterator[Path]:
+    # Short: unix socket paths are limited to 107 bytes, pytest's tmp_path can be longer.
+    path = Path(tempfile.mkdtemp(prefix="na-hup-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _doc(agent: AgentProcess, path: str) -> Any:
+    status, body = agent.get(path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _reload(agent: AgentProcess, file: Path, text: str, expect: str) -> dict[str, Any]:
+    before = _doc(agent, "/v1/status")["config_reload"]
+    file.write_text(text)
+    agent.signal(signal.SIGHUP)
+
+    def done() -> dict[str, Any] | None:
+        last: dict[str, Any] | None = _doc(agent, "/v1/status")["config_reload"]
+        return last if last is not None and last != before else None
+
+    last = until(done, f"reload ({expect})", timeout=10)
+    assert last["result"] == expect, last
+    return last
+
+
+def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_file(
+    start_agent: StartAgent, tmp_path: Path, registry: Path
+) -> None:
+    base = f'[plugins]\nregistry_dir = "{registry}"\n'
+    agent = start_agent(config=base + 'scan_interval = 3600.0\n[agent]\nlog_level = "info"\n')
+    agent.wait_ready()
+    file = tmp_path / "config-0.toml"
+    assert _doc(agent, "/v1/status")["config_reload"] is None
+
+    last = _reload(
+        agent, file, base + 'scan_interval = 0.2\n[agent]\nlog_level = "warning"\n', "applied"
+    )
+    assert last["message"] == "changed: agent.log_level, plugins.scan_interval"
+    config = _doc(agent, "/v1/config")
+    assert config["plugins"]["scan_interval"] == 0.2
+    assert config["agent"]["log_level"] == "warning"
+    # Behaviour: a socket created now is found at the new interval, not in an hour.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(registry / "p.sock"))
+        sock.listen(8)
+        until(lambda: _doc(agent, "/v1/plugins"), "the new socket in /v1/plugins", timeout=10)
+
+    last = _reload(agent, file, base + "scan_interval = 'often'\n", "invalid")
+    assert "plugins.scan_interval: 'often': expected float, got str" in last["message"]
+    assert _doc(agent, "/v1/config") == config
+    assert agent.get("/healthz") == (200, "ok\n")
+
+    last = _reload(
+        agent,
+        file,
+        base + 'scan_interval = 1.0\n[agent]\nlog_level = "warning"\nnode_name = "other"\n',
+        "refused",
+    )
+    assert last["message"] == "static: agent.node_name is static: restart the agent to change it"
+    assert _doc(agent, "/v1/config") == config  # scan_interval 1.0 was not applied either
+
+    metrics = agent.get("/metrics")[1]
+    for result in ("applied", "invalid", "refused"):
+        assert f'nodeagent_config_reloads_total{{result="{result}"}} 1.0' in metrics
+
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=10) == 0
+    # The level in force is warning: info lines (the shutdown's) are gone, errors stay.
+    assert "config reload failed" in agent.stderr_text
+    assert "shutting down" not in agent.stderr_text
+    assert "configuration loaded" in agent.stderr_text  # logged at info before the reload
