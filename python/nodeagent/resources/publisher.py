@@ -226,11 +226,13 @@ class Publisher:
         *,
         node_name: str,
         inventories: LatestValue[Mapping[str, PluginData]],
-        settings: ResourcesSettings | None = None,
+        settings: ResourcesSettings | LatestValue[ResourcesSettings] | None = None,
         client: SliceWriter | None = None,
         slices: SliceSource | None = None,
     ) -> None:
-        self.settings = settings or ResourcesSettings()
+        if not isinstance(settings, LatestValue):
+            settings = LatestValue(settings or ResourcesSettings())
+        self._live = settings
         self.settings.validate()
         if (client is None) != (slices is None):
             raise ValueError("client and slices go together (both None: standalone)")
@@ -245,7 +247,7 @@ class Publisher:
         self._queue: WorkQueue[PoolKey] = WorkQueue(
             self.settings.retry_backoff_initial,
             self.settings.retry_backoff_max,
-            self.settings.min_sync_interval,
+            lambda: self.settings.min_sync_interval,
         )
         self._started = 0.0
         self._node_uid: str | None = None  # None: no Node of our name (yet)
@@ -383,7 +385,20 @@ class Publisher:
                 # Drivers that had slices before a restart get their deletion check once the
                 # start-up grace is over.
                 nursery.start_soon(self._after_startup_grace)
+                nursery.start_soon(self._follow_settings, self._live.version)
             task_status.started()
+
+    @property
+    def settings(self) -> ResourcesSettings:
+        """The newest settings: intervals and graces are read where they are used."""
+        return self._live.value
+
+    async def _follow_settings(self, version: int) -> None:
+        # Pools held for a grace wait for a deadline computed with the old value: look again.
+        while True:
+            version, _ = await self._live.wait_newer(version)
+            for key in {*self._desired, *self._observed}:
+                self._queue.add(key)
 
     # -- inputs ---------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 import trio
@@ -27,12 +27,16 @@ __all__ = ["WorkQueue"]
 
 class WorkQueue(Generic[K]):
     def __init__(
-        self, backoff_initial: float, backoff_max: float, min_interval: float = 0.0
+        self,
+        backoff_initial: float,
+        backoff_max: float,
+        min_interval: float | Callable[[], float] = 0.0,
     ) -> None:
         # The upstream workqueue's per-item rate limiter: doubling, no jitter (one agent's keys
         # do not contend with other agents).
         self._backoff = Backoff(backoff_initial, backoff_max)
-        self._min_interval = min_interval
+        # A callable is read at each add: the interval can change while the queue runs.
+        self._min_interval = min_interval if callable(min_interval) else lambda: min_interval
         self._last_start: dict[K, float] = {}  # when each key's latest run started
         self._ready_at: dict[K, float] = {}  # queued keys and when they may run
         self._heap: list[tuple[float, int, K]] = []
@@ -57,7 +61,7 @@ class WorkQueue(Generic[K]):
         at = trio.current_time() + delay
         last = self._last_start.get(key)
         if last is not None:
-            at = max(at, last + self._min_interval)
+            at = max(at, last + self._min_interval())
         if self._ready_at.get(key, math.inf) <= at:
             return
         self._ready_at[key] = at
@@ -82,8 +86,8 @@ class WorkQueue(Generic[K]):
                 heapq.heappop(self._heap)
                 del self._ready_at[key]
                 self._processing.add(key)
-                if self._min_interval > 0:
-                    self._last_start[key] = now
+                # Recorded even at interval 0: the interval may be raised at run time.
+                self._last_start[key] = now
                 return key
             self._wakeup = trio.Event()
             deadline = self._heap[0][0] if self._heap else math.inf

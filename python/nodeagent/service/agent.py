@@ -214,7 +214,7 @@ class Agent:
             self.resources_component = ResourcesComponent(
                 node_name=agent.node_name,
                 inventories=manager.channel("DRAPlugin"),
-                settings=self.config.resources,
+                settings=self.hub.subscribe("resources", name="resources"),
                 accumulator_settings=self.config.accumulator,
                 client=client,
             )

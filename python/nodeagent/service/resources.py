@@ -37,7 +37,7 @@ class ResourcesComponent:
         *,
         node_name: str,
         inventories: LatestValue[Mapping[str, PluginData]],
-        settings: ResourcesSettings,
+        settings: ResourcesSettings | LatestValue[ResourcesSettings],
         accumulator_settings: AccumulatorSettings,
         client: KubeClient | None = None,
     ) -> None:
