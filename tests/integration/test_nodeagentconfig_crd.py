@@ -19,10 +19,9 @@ from tests.support.nodeagentconfig import NAC, install_nodeagentconfig_crd, node
 
 CONFIG: dict[str, Any] = {
     "agent": {"log_level": "debug"},
-    "plugins": {"scan_interval": 2, "probe_interval": 5.5, "stream_min_interval": 0},
+    "plugins": {"scan_interval": 2, "probe_interval": 5.5},
     "resources": {"min_sync_interval": 0.5, "disconnect_grace": 10},
     "reporter": {"cnr_min_write_interval": 2, "grace": 60},
-    "accumulator": {"max_interval": 0.25},
 }
 
 
@@ -92,7 +91,7 @@ async def test_served_objects_select_by_name_then_priority_then_global(
         ({"config": {"plugins": {"scan_interval": 0}}}, "spec.config.plugins.scan_interval"),
         ({"config": {"reporter": {"grace": -1}}}, "spec.config.reporter.grace"),
         ({"config": {"agent": {"log_level": "loud"}}}, "spec.config.agent.log_level"),
-        ({"config": {"accumulator": {"max_interval": 0}}}, "spec.config.accumulator.max_interval"),
+        ({"config": {"plugins": {"probe_interval": 0}}}, "spec.config.plugins.probe_interval"),
         ({"config": {"resources": "fast"}}, "spec.config.resources"),
         ({"priority": "high"}, "spec.priority"),
         ({"paused": "yes"}, "spec.paused"),

@@ -28,7 +28,7 @@ LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},
     {"service"},  # the composition root: the one package that imports the components
-    {"resources", "reporter"},
+    {"resources", "reporter", "dynconfig"},
     {"accumulator", "sdk"},
     {"plugins", "kube", "checkpoint"},
     {"config", "rpc"},
@@ -55,6 +55,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
     "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos", "_native"},
+    "dynconfig": {"checkpoint", "core", "log"},
     "accumulator": {"kube", "core", "log", "_native"},
     "sdk": {"rpc", "core", "protos"},
     "plugins": {"rpc", "core", "log", "protos"},
@@ -91,6 +92,7 @@ EXPORTS: dict[str, set[str]] = {
     "checkpoint": {"CheckpointRead", "CheckpointState", "CheckpointStore"},
     "config": set(),
     "core": set(),
+    "dynconfig": set(),
     "kube": {
         "CONFIGMAPS",
         "CORE_EVENTS",
