@@ -192,7 +192,7 @@ class CnrWriter:
         *,
         node_name: str,
         reports: LatestValue[Mapping[str, PluginReport]],
-        settings: ReporterSettings,
+        settings: ReporterSettings | LatestValue[ReporterSettings],
         client: KubeClient | None = None,
         accumulator: Accumulator | None = None,
     ) -> None:
@@ -200,7 +200,8 @@ class CnrWriter:
             raise ValueError("CnrWriter: a client needs the CNR accumulator and vice versa")
         self.node_name = node_name
         self._reports = reports
-        self._settings = settings
+        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
+        settings = self._live.value
         self._client = client
         self._acc = accumulator
         self._snap = _Snap()
@@ -225,6 +226,10 @@ class CnrWriter:
     @property
     def standalone(self) -> bool:
         return self._client is None
+
+    @property
+    def _settings(self) -> ReporterSettings:
+        return self._live.value  # the newest: cnr_min_write_interval is live
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         send, receive = trio.open_memory_channel[BadField](100)
@@ -262,10 +267,8 @@ class CnrWriter:
             if self.standalone:
                 self._settle()
                 continue
-            wait = last_write + self._settings.cnr_min_write_interval - trio.current_time()
-            if wait > 0:
-                # Coalescing: whatever arrives meanwhile is merged before the write.
-                await trio.sleep(wait)
+            if await self._hold_until(last_write):
+                # Coalescing: whatever arrived meanwhile is merged before the write.
                 self.merge()
             try:
                 wrote = await self.sync()
@@ -277,6 +280,18 @@ class CnrWriter:
             self._backoff.reset()
             if wrote:
                 last_write = trio.current_time()
+
+    async def _hold_until(self, last_write: float) -> bool:
+        """Wait out cnr_min_write_interval since the last write; a new interval (a reload)
+        counts at once. Whether it waited at all."""
+        waited = False
+        while (
+            wait := last_write + self._settings.cnr_min_write_interval - trio.current_time()
+        ) > 0:
+            waited = True
+            with trio.move_on_after(wait):
+                await self._live.wait_newer(self._live.version)
+        return waited
 
     def merge(self) -> MergeResult:
         """Merge the current reports (the observed taints feed Katalyst's taint revision)."""

@@ -95,10 +95,14 @@ class ReportStore:
     while a thread works would expire entries under the test).
     """
 
+    @property
+    def _settings(self) -> ReporterSettings:
+        return self._live.value  # the newest: grace and sync_interval are live
+
     def __init__(
         self,
         plugins: LatestValue[Mapping[str, PluginData]],
-        settings: ReporterSettings,
+        settings: ReporterSettings | LatestValue[ReporterSettings],
         checkpoints: CheckpointStore | None,
         *,
         in_tree: Sequence[InTreeReporter] = (),
@@ -106,7 +110,7 @@ class ReportStore:
         run_sync: RunSync = _in_thread,
     ) -> None:
         self._plugins = plugins
-        self._settings = settings
+        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
         self._checkpoints = checkpoints
         self._in_tree = list(in_tree)
         self._clock = clock

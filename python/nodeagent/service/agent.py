@@ -221,7 +221,7 @@ class Agent:
             self.reporter_component = ReporterComponent(
                 node_name=agent.node_name,
                 plugins=manager.channel("ReporterPlugin"),
-                settings=self.config.reporter,
+                settings=self.hub.subscribe("reporter", name="reporter"),
                 accumulator_settings=self.config.accumulator,
                 state_dir=agent.state_dir,
                 client=client,

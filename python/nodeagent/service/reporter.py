@@ -47,7 +47,7 @@ class ReporterComponent:
         *,
         node_name: str,
         plugins: LatestValue[Mapping[str, PluginData]],
-        settings: ReporterSettings,
+        settings: ReporterSettings | LatestValue[ReporterSettings],
         accumulator_settings: AccumulatorSettings,
         state_dir: str | None,
         client: KubeClient | None = None,
@@ -55,7 +55,8 @@ class ReporterComponent:
     ) -> None:
         self.node_name = node_name
         self._plugins = plugins
-        self._settings = settings
+        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
+        settings = self._live.value
         self._accumulator_settings = accumulator_settings
         self._checkpoints = (
             CheckpointStore(Path(state_dir) / "checkpoints") if state_dir is not None else None
@@ -75,11 +76,15 @@ class ReporterComponent:
         self.crd_missing: str | None = None
 
     @property
+    def _settings(self) -> ReporterSettings:
+        return self._live.value
+
+    @property
     def standalone(self) -> bool:
         return self._client is None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        store = ReportStore(self._plugins, self._settings, self._checkpoints, in_tree=self._in_tree)
+        store = ReportStore(self._plugins, self._live, self._checkpoints, in_tree=self._in_tree)
         self.store, self.accumulator, self.crd_missing = store, None, None
         async with trio.open_nursery() as nursery:
             await nursery.start(store.run)
@@ -105,7 +110,7 @@ class ReporterComponent:
             writer = CnrWriter(
                 node_name=self.node_name,
                 reports=store.latest,
-                settings=self._settings,
+                settings=self._live,
                 client=client,
                 accumulator=acc,
             )
@@ -121,7 +126,7 @@ class ReporterComponent:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        writer = CnrWriter(node_name=self.node_name, reports=store.latest, settings=self._settings)
+        writer = CnrWriter(node_name=self.node_name, reports=store.latest, settings=self._live)
         self.writer = writer
         with scope if scope is not None else trio.CancelScope():
             await writer.run(task_status=task_status)
