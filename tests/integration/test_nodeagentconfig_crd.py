@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from nodeagent.dynconfig.source import decode_object, select_target
+from nodeagent.dynconfig.source import NodeAgentConfig, decode_object, select_target
 from nodeagent.kube import KubeClient, errors
 from tests.support.nodeagentconfig import NAC, install_nodeagentconfig_crd, nodeagentconfig
 
@@ -30,7 +30,7 @@ async def names(admin_client: KubeClient) -> AsyncIterator[list[str]]:
     """Names of this test's own objects (a random prefix), all deleted afterwards."""
     await install_nodeagentconfig_crd(admin_client)
     prefix = f"nac-{uuid.uuid4().hex[:8]}"
-    made = [f"{prefix}-{i}" for i in range(4)]
+    made = [f"{prefix}-{i}" for i in range(5)]
     yield made
     for name in made:
         with contextlib.suppress(errors.NotFound):
@@ -60,7 +60,7 @@ async def test_a_valid_config_is_stored_with_defaults(
     assert view.metadata.uid and view.metadata.generation == 1 and view.metadata.resource_version
 
 
-async def test_served_objects_select_by_name_then_priority_then_global(
+async def test_served_objects_select_by_name_then_priority_then_global_and_tie(
     admin_client: KubeClient, names: list[str]
 ) -> None:
     specs: list[dict[str, Any]] = [
@@ -74,14 +74,29 @@ async def test_served_objects_select_by_name_then_priority_then_global(
         {},
         {"nodeNames": ["node-x"]},
     ]
-    for name, spec in zip(names, specs, strict=True):
+    for name, spec in zip(names[:4], specs, strict=True):
         await admin_client.create(NAC, nodeagentconfig(name, spec=spec))
-    listed = await admin_client.list(NAC, into=dict)
-    served = [decode_object(item) for item in listed.items if item["metadata"]["name"] in names]
     web = {"pool": "web"}
-    assert select_target(served, "node-x", web).target.name == names[3]  # type: ignore[union-attr]
-    assert select_target(served, "node-y", web).target.name == names[1]  # type: ignore[union-attr]
-    assert select_target(served, "node-y", {}).target.name == names[2]  # type: ignore[union-attr]
+    served = await _served(admin_client, names)
+    assert _target(served, "node-x", web) == names[3]
+    assert _target(served, "node-y", web) == names[1]
+    assert _target(served, "node-y", {}) == names[2]
+    # A second global object ties with the first: no target, both named; pausing one ends it.
+    await admin_client.create(NAC, nodeagentconfig(names[4], spec={}))
+    tie = select_target(await _served(admin_client, names), "node-y", {})
+    assert (tie.target, tie.tie) == (None, sorted([names[2], names[4]]))
+    await admin_client.patch(NAC, names[4], {"spec": {"paused": True}})
+    assert _target(await _served(admin_client, names), "node-y", {}) == names[2]
+
+
+async def _served(client: KubeClient, names: list[str]) -> list[NodeAgentConfig]:
+    listed = await client.list(NAC, into=dict)
+    return [decode_object(item) for item in listed.items if item["metadata"]["name"] in names]
+
+
+def _target(objects: list[NodeAgentConfig], node: str, labels: dict[str, str]) -> str | None:
+    chosen = select_target(objects, node, labels).target
+    return chosen.name if chosen else None
 
 
 @pytest.mark.parametrize(
