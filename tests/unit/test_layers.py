@@ -44,6 +44,7 @@ ALLOWED: dict[str, set[str]] = {
         "nodeagent",
         "resources",
         "reporter",
+        "dynconfig",
         "accumulator",
         "checkpoint",
         "plugins",

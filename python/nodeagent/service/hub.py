@@ -16,27 +16,16 @@ from typing import Any
 import msgspec
 
 from nodeagent.core.latest import LatestValue
+
+# The one list of fields a running agent takes without a restart (each read at its point of
+# use); everything else is static: a change to it is refused with the field named.
+from nodeagent.dynconfig.overlay import DYNAMIC_FIELDS
 from nodeagent.log import get_logger
 from nodeagent.service.config import Config
 
 log = get_logger(__name__)
 
 __all__ = ["DYNAMIC_FIELDS", "ApplyResult", "ConfigHub", "changed_fields"]
-
-# Fields a running agent takes without a restart (each read at its point of use). Everything
-# else is static: a change to it is refused with the field named, and needs a restart.
-# Kept here until nodeagent.dynconfig.overlay.DYNAMIC_FIELDS is the one list.
-DYNAMIC_FIELDS: frozenset[str] = frozenset(
-    {
-        "agent.log_level",
-        "plugins.scan_interval",
-        "plugins.probe_interval",
-        "resources.min_sync_interval",
-        "resources.disconnect_grace",
-        "reporter.cnr_min_write_interval",
-        "reporter.grace",
-    }
-)
 
 # (old table, new table) -> a veto reason, or None to accept.
 VetoHook = Callable[[Any, Any], "str | None"]
