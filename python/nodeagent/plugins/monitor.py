@@ -58,7 +58,9 @@ class ConnectionMonitor:
 
     async def run(self) -> None:
         while True:
-            await trio.sleep(self._settings.probe_interval)
+            # A new probe_interval (a reload) ends a wait begun with the old one.
+            with trio.move_on_after(self._settings.probe_interval):
+                await self._live.wait_newer(self._live.version)
             await self.probe_all()
 
     async def probe_all(self) -> None:
