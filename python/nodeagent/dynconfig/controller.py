@@ -1,0 +1,657 @@
+"""The dynamic-config state machine: assigned, active, last-known-good, bad hashes and the trial.
+
+Lessons of the kubelet's KEP-281 designed against:
+- last-known-good is promoted at run time when a trial ends, never at a restart, so a rollback
+  never skips past a good config (kubernetes#57808);
+- a trial marker in the checkpoint tells a process that died during a trial (marker found at
+  start: roll back, mark the hash bad) from a reboot after a trial (no marker) (kubernetes#50216);
+- the agent boots from the checkpointed last-known-good without the apiserver, within a grace
+  (kubernetes#71518).
+
+The controller holds no task of its own besides `run_trials`; the service calls `boot`, `assign`,
+`keep` and `confirm` from its watch of NodeAgentConfig objects, and gives it the hub to apply
+through (`propose`), a builder (remote dict -> effective config, raising ConfigError) and a
+hasher. Everything it decides is reported through `on_event`, the metrics and `condition()`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import msgspec
+import trio
+
+from nodeagent.checkpoint import CheckpointState, CheckpointStore
+from nodeagent.core.errors import ConfigError
+from nodeagent.dynconfig.metrics import (
+    ACTIVE_INFO,
+    ASSIGNED_INFO,
+    LKG_INFO,
+    REJECTED,
+    ROLLBACKS,
+    VETOES,
+    set_info,
+)
+from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.log import get_logger
+
+__all__ = [
+    "CHECKPOINT_NAME",
+    "CONDITION_TYPE",
+    "LOCAL_HASH",
+    "Assignment",
+    "BootResult",
+    "Condition",
+    "ConfigEvent",
+    "Controller",
+    "HealthTracker",
+    "condition_patch",
+]
+
+log = get_logger(__name__)
+
+CHECKPOINT_NAME = "dynconfig_state"
+CONDITION_TYPE = "NodeAgentConfigOK"
+# The hash shown for the local config (defaults, file and flags without a remote overlay).
+LOCAL_HASH = "local"
+_FORMAT = 1
+
+C = TypeVar("C")
+C_contra = TypeVar("C_contra", contravariant=True)
+
+
+class ApplyResultLike(Protocol):
+    @property
+    def applied(self) -> bool: ...
+    @property
+    def vetoes(self) -> Sequence[tuple[str, str]]: ...
+
+
+class HubLike(Protocol[C_contra]):
+    """What the controller uses of the service's ConfigHub."""
+
+    def propose(self, new: C_contra, source: str) -> ApplyResultLike: ...
+
+
+class ComponentHealth(Protocol):
+    """What the controller reads of the supervisor's ComponentReport."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def ready(self) -> bool: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def restarts(self) -> int: ...
+
+
+# ---- checkpointed state -------------------------------------------------------------------
+
+
+class Assignment(msgspec.Struct, frozen=True, kw_only=True):
+    """The remote config this node's target object assigns (its ``spec.config``)."""
+
+    name: str
+    uid: str
+    generation: int
+    config: dict[str, Any]
+    hash: str = ""
+
+    @property
+    def object_key(self) -> str:
+        # A bad hash is retried once the object changes: another object, or a new generation.
+        return f"{self.uid}/{self.generation}"
+
+
+class Known(msgspec.Struct, frozen=True, kw_only=True):
+    """A config the agent ran (active or last-known-good); `config` None is the local one."""
+
+    hash: str
+    name: str
+    config: dict[str, Any] | None = None
+
+
+class Bad(msgspec.Struct, frozen=True, kw_only=True):
+    hash: str
+    object_key: str
+    name: str
+    kind: str  # invalid, veto, unhealthy, crash
+    reason: str
+    at: float
+
+
+class Trial(msgspec.Struct, frozen=True, kw_only=True):
+    hash: str
+    name: str
+    started_at: float  # wall clock, for the status
+
+
+class State(msgspec.Struct, kw_only=True):
+    version: int = _FORMAT
+    assigned: Assignment | None = None
+    assigned_at: float | None = None
+    lkg: Known | None = None
+    lkg_at: float | None = None
+    bad: list[Bad] = msgspec.field(default_factory=list)
+    # Written when a trial starts, cleared when it ends: found at start, the process died
+    # during the trial.
+    trial: Trial | None = None
+    # The last time the apiserver confirmed the assignment: the checkpoint grace counts from it.
+    confirmed_at: float | None = None
+
+
+# ---- status --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEvent:
+    """An Event the service posts on the Node (type Normal or Warning)."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Condition:
+    status: bool
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class BootResult(Generic[C]):
+    config: C
+    # checkpoint, defaults (no/expired/corrupt checkpoint), rollback (died during a trial)
+    source: str
+    reason: str
+
+
+def condition_patch(condition: Condition, now: float) -> dict[str, Any]:
+    """The strategic-merge patch of nodes/<name>/status setting the agent's condition (the
+    conditions list merges by type, so the kubelet's own conditions are untouched)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+    return {
+        "status": {
+            "conditions": [
+                {
+                    "type": CONDITION_TYPE,
+                    "status": "True" if condition.status else "False",
+                    "reason": condition.reason,
+                    "message": condition.message,
+                    "lastHeartbeatTime": stamp,
+                    "lastTransitionTime": stamp,
+                }
+            ]
+        }
+    }
+
+
+# ---- health --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class HealthTracker:
+    """Tells "unhealthy because ..." from the supervisor's reports during a trial."""
+
+    settings: DynconfigSettings
+    _unready_since: dict[str, float] = field(default_factory=dict)
+    _restarts_at_start: dict[str, int] = field(default_factory=dict)
+
+    def start(self, reports: Sequence[ComponentHealth]) -> None:
+        """A trial begins: restarts are counted from here, readiness timed afresh."""
+        self._unready_since.clear()
+        self._restarts_at_start = {r.name: r.restarts for r in reports}
+
+    def observe(
+        self, reports: Sequence[ComponentHealth], now: float, watchdog_age: float | None = None
+    ) -> str | None:
+        for report in reports:
+            restarts = report.restarts - self._restarts_at_start.setdefault(
+                report.name, report.restarts
+            )
+            if restarts >= self.settings.crashloop_restarts:
+                return (
+                    f"component {report.name} crash-looping: restarted {restarts} times "
+                    f"during the trial ({report.reason})"
+                )
+            if report.ready:
+                self._unready_since.pop(report.name, None)
+                continue
+            since = self._unready_since.setdefault(report.name, now)
+            if now - since > self.settings.unready_bound:
+                return (
+                    f"component {report.name} not ready for {now - since:.0f}s "
+                    f"(bound {self.settings.unready_bound:g}s): {report.reason}"
+                )
+        if watchdog_age is not None and watchdog_age > self.settings.watchdog_bound:
+            return (
+                f"watchdog not kicked for {watchdog_age:.0f}s "
+                f"(bound {self.settings.watchdog_bound:g}s)"
+            )
+        return None
+
+
+# ---- the controller ------------------------------------------------------------------------
+
+
+class Controller(Generic[C]):
+    def __init__(
+        self,
+        settings: DynconfigSettings,
+        store: CheckpointStore,
+        build: Callable[[Mapping[str, Any] | None], C],
+        hasher: Callable[[Mapping[str, Any]], str],
+        *,
+        on_event: Callable[[ConfigEvent], None] = lambda event: None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.build = build
+        self.hasher = hasher
+        self.on_event = on_event
+        self.wall = wall
+        self.hub: HubLike[C] | None = None
+        self.state = State()
+        self.active = Known(hash=LOCAL_HASH, name="local")
+        self.boot_source = "defaults"
+        self.boot_reason = "not booted"
+        self.trial_deadline: float | None = None  # trio time
+        self.condition_ = Condition(True, "Local", "running the local config")
+        self.changed = trio.Event()
+        self.health = HealthTracker(settings)
+
+    # -- boot --
+
+    def boot(self) -> BootResult[C]:
+        """The config to start with, before the apiserver answers (raises nothing: a broken
+        checkpoint falls back to the local config and says why)."""
+        loaded = self._load()
+        if isinstance(loaded, str):
+            return self._boot_local("defaults", loaded)
+        self.state = loaded
+        now = self.wall()
+        if self.state.trial is not None:
+            # The process died during a trial: that config is what killed it.
+            trial = self.state.trial
+            self.state.trial = None
+            key = self.state.assigned.object_key if self.state.assigned else ""
+            self._mark_bad(trial.hash, key, trial.name, "crash", "the agent died during its trial")
+            ROLLBACKS.inc()
+            self.on_event(
+                ConfigEvent(
+                    "Warning",
+                    "ConfigRolledBack",
+                    f"{_describe(trial.name, trial.hash)} rolled back at start: the agent "
+                    "died during its trial",
+                )
+            )
+            result = self._boot_from_lkg(
+                "rollback",
+                f"the agent died during the trial of {_describe(trial.name, trial.hash)}",
+                now,
+            )
+            self._save()
+            self.condition_ = Condition(
+                False,
+                "RolledBack",
+                f"{_describe(trial.name, trial.hash)} rolled back: the agent died during its "
+                f"trial; running {_describe(self.active.name, self.active.hash)}",
+            )
+            return result
+        return self._boot_from_lkg("checkpoint", "checkpointed last-known-good", now)
+
+    def _boot_from_lkg(self, source: str, reason: str, now: float) -> BootResult[C]:
+        lkg = self.state.lkg
+        if lkg is None or lkg.config is None:
+            return self._boot_local(
+                "defaults" if source == "checkpoint" else source,
+                f"{reason}; no remote last-known-good",
+            )
+        confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
+        age = now - confirmed
+        if age > self.settings.checkpoint_grace:
+            return self._boot_local(
+                "defaults",
+                f"{reason}; checkpoint expired ({age:.0f}s since the apiserver confirmed it, "
+                f"grace {self.settings.checkpoint_grace:g}s)",
+            )
+        try:
+            config = self.build(lkg.config)
+        except ConfigError as exc:
+            return self._boot_local("defaults", f"checkpointed config invalid: {exc}")
+        self._set_active(lkg)
+        self.boot_source, self.boot_reason = source, f"{reason} ({age:.0f}s old)"
+        self.condition_ = Condition(
+            True, "Checkpoint", f"running {_describe(lkg.name, lkg.hash)} from the checkpoint"
+        )
+        log.info("dynconfig boot", source=source, reason=self.boot_reason, hash=lkg.hash)
+        return BootResult(config, source, self.boot_reason)
+
+    def _boot_local(self, source: str, reason: str) -> BootResult[C]:
+        self._set_active(Known(hash=LOCAL_HASH, name="local"))
+        self.boot_source, self.boot_reason = source, reason
+        self.condition_ = Condition(True, "Local", f"running the local config: {reason}")
+        log.info("dynconfig boot", source=source, reason=reason)
+        return BootResult(self.build(None), source, reason)
+
+    def _load(self) -> State | str:
+        read = self.store.read(CHECKPOINT_NAME)
+        if read.state is CheckpointState.NOT_FOUND:
+            return "no checkpoint"
+        if read.state is CheckpointState.CORRUPT or read.data is None:
+            return f"checkpoint corrupt ({read.reason})"
+        try:
+            state = msgspec.json.decode(read.data, type=State)
+        except msgspec.DecodeError as exc:
+            return f"checkpoint unreadable: {exc}"
+        if state.version != _FORMAT:
+            return f"checkpoint format {state.version} unknown"
+        return state
+
+    # -- inputs from the watch --
+
+    def attach(self, hub: HubLike[C]) -> None:
+        self.hub = hub
+
+    def assign(self, target: Assignment | None, reports: Sequence[ComponentHealth] = ()) -> None:
+        """The watch selected `target` (None: no object targets this node: the local config)."""
+        if target is None:
+            self._assign_local()
+            return
+        target = msgspec.structs.replace(target, hash=self.hasher(target.config))
+        self.state.assigned, self.state.assigned_at = target, self.wall()
+        self.state.confirmed_at = self.state.assigned_at
+        set_info(ASSIGNED_INFO, hash=target.hash, name=target.name)
+        if target.hash == self.active.hash:
+            self._save()
+            self._refresh_condition()
+            return
+        bad = self._bad(target)
+        if bad is not None:
+            self._save()
+            self.condition_ = Condition(
+                False,
+                _REASON[bad.kind],
+                f"{_describe(target.name, target.hash)} not applied ({bad.kind}: "
+                f"{bad.reason}); running {_describe(self.active.name, self.active.hash)}",
+            )
+            return
+        self._apply(target, reports)
+
+    def keep(self, reason: str) -> None:
+        """The watch could not select (a tie): the running config is kept and the reason shown."""
+        self.condition_ = Condition(
+            False,
+            "NoUniqueTarget",
+            f"{reason}; keeping {_describe(self.active.name, self.active.hash)}",
+        )
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def confirm(self) -> None:
+        """The apiserver still assigns what runs: refresh the grace's start, at most every quarter
+        grace (the grace then counts the time unconfirmed, bounded writes)."""
+        now = self.wall()
+        last = self.state.confirmed_at
+        if last is None or now - last >= self.settings.checkpoint_grace / 4:
+            self.state.confirmed_at = now
+            self._save()
+
+    def _assign_local(self) -> None:
+        self.state.assigned, self.state.assigned_at = None, self.wall()
+        self.state.confirmed_at = self.state.assigned_at
+        ASSIGNED_INFO.clear()
+        if self.active.hash != LOCAL_HASH:
+            self._switch(
+                Known(hash=LOCAL_HASH, name="local"), "no NodeAgentConfig targets the node"
+            )
+        self._end_trial()
+        self.state.lkg, self.state.lkg_at = None, self.wall()
+        LKG_INFO.clear()
+        self._save()
+        self._refresh_condition()
+
+    def _apply(self, target: Assignment, reports: Sequence[ComponentHealth]) -> None:
+        try:
+            config = self.build(target.config)
+        except ConfigError as exc:
+            REJECTED.inc()
+            self._reject(target, "invalid", str(exc))
+            return
+        assert self.hub is not None, "attach(hub) before assign()"
+        result = self.hub.propose(config, f"NodeAgentConfig/{target.name}")
+        if not result.applied:
+            VETOES.inc()
+            vetoes = "; ".join(f"{who}: {why}" for who, why in result.vetoes) or "not applied"
+            self._reject(target, "veto", vetoes)
+            return
+        if self.state.lkg is None:
+            # The config running before the first remote one is what a rollback goes back to.
+            self.state.lkg = Known(
+                hash=self.active.hash, name=self.active.name, config=self.active.config
+            )
+            self.state.lkg_at = self.wall()
+        self._set_active(Known(hash=target.hash, name=target.name, config=target.config))
+        self.state.trial = Trial(hash=target.hash, name=target.name, started_at=self.wall())
+        self.trial_deadline = trio.current_time() + self.settings.trial_duration
+        self.health.start(reports)
+        self._save()
+        self.on_event(
+            ConfigEvent(
+                "Normal",
+                "ConfigApplied",
+                f"{_describe(target.name, target.hash)} applied, on trial for "
+                f"{self.settings.trial_duration:g}s",
+            )
+        )
+        self._refresh_condition()
+
+    def _reject(self, target: Assignment, kind: str, reason: str) -> None:
+        self._mark_bad(target.hash, target.object_key, target.name, kind, reason)
+        self._save()
+        message = (
+            f"{_describe(target.name, target.hash)} {_VERB[kind]}: {reason}; keeping "
+            f"{_describe(self.active.name, self.active.hash)}"
+        )
+        log.warning(
+            "dynconfig rejected", kind=kind, name=target.name, hash=target.hash, reason=reason
+        )
+        self.on_event(ConfigEvent("Warning", _EVENT[kind], message))
+        self.condition_ = Condition(False, _REASON[kind], message)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    # -- the trial --
+
+    def tick(self, unhealthy: str | None) -> None:
+        """One trial check: roll back if unhealthy, promote once the trial is survived."""
+        trial = self.state.trial
+        if trial is None or self.trial_deadline is None:
+            return
+        if unhealthy is not None:
+            self._rollback(trial, unhealthy)
+        elif trio.current_time() >= self.trial_deadline:
+            self._promote(trial)
+
+    def _promote(self, trial: Trial) -> None:
+        self.state.lkg, self.state.lkg_at = self.active, self.wall()
+        self._end_trial()
+        self._save()
+        log.info("dynconfig promoted", name=trial.name, hash=trial.hash)
+        self._refresh_condition()
+
+    def _rollback(self, trial: Trial, reason: str) -> None:
+        key = self.state.assigned.object_key if self.state.assigned else ""
+        self._mark_bad(trial.hash, key, trial.name, "unhealthy", reason)
+        self._end_trial()
+        ROLLBACKS.inc()
+        target = self.state.lkg or Known(hash=LOCAL_HASH, name="local")
+        applied = self._switch(target, f"rollback of {_describe(trial.name, trial.hash)}")
+        self._save()
+        message = (
+            f"{_describe(trial.name, trial.hash)} rolled back: {reason}; running "
+            f"{_describe(self.active.name, self.active.hash)}"
+        )
+        if not applied:
+            message += f" (the rollback to {_describe(target.name, target.hash)} was vetoed)"
+        log.warning("dynconfig rolled back", name=trial.name, hash=trial.hash, reason=reason)
+        self.on_event(ConfigEvent("Warning", "ConfigRolledBack", message))
+        self.condition_ = Condition(False, "RolledBack", message)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _switch(self, target: Known, source: str) -> bool:
+        assert self.hub is not None, "attach(hub) before assign()"
+        result = self.hub.propose(self.build(target.config), source)
+        if result.applied:
+            self._set_active(target)
+        return result.applied
+
+    def _end_trial(self) -> None:
+        self.state.trial = None
+        self.trial_deadline = None
+
+    async def run_trials(
+        self,
+        reports: Callable[[], Sequence[ComponentHealth]],
+        watchdog_age: Callable[[], float | None] = lambda: None,
+    ) -> None:
+        """Check the health every health_interval while a trial runs; promote at its end."""
+        while True:
+            if self.trial_deadline is None:
+                await self.changed.wait()
+                continue
+            now = trio.current_time()
+            unhealthy = self.health.observe(reports(), now, watchdog_age())
+            self.tick(unhealthy)
+            if self.trial_deadline is not None:
+                wake = min(now + self.settings.health_interval, self.trial_deadline)
+                with trio.move_on_at(wake):
+                    await self.changed.wait()
+
+    # -- bookkeeping --
+
+    def _bad(self, target: Assignment) -> Bad | None:
+        for bad in self.state.bad:
+            if bad.hash == target.hash and bad.object_key == target.object_key:
+                return bad
+        return None
+
+    def _mark_bad(self, hash_: str, key: str, name: str, kind: str, reason: str) -> None:
+        kept = [b for b in self.state.bad if b.hash != hash_]
+        # Bounded: only the newest bad entries matter (a retried object has a new key anyway).
+        self.state.bad = [
+            *kept[-31:],
+            Bad(hash=hash_, object_key=key, name=name, kind=kind, reason=reason, at=self.wall()),
+        ]
+
+    def _set_active(self, known: Known) -> None:
+        self.active = known
+        set_info(ACTIVE_INFO, hash=known.hash, name=known.name)
+        lkg = self.state.lkg
+        if lkg is None:
+            LKG_INFO.clear()
+        else:
+            set_info(LKG_INFO, hash=lkg.hash, name=lkg.name)
+
+    def _save(self) -> None:
+        lkg = self.state.lkg
+        if lkg is None:
+            LKG_INFO.clear()
+        else:
+            set_info(LKG_INFO, hash=lkg.hash, name=lkg.name)
+        try:
+            self.store.write(CHECKPOINT_NAME, msgspec.json.encode(self.state))
+        except OSError as exc:
+            # The store logged and counted it; the running state stays right, only a restart
+            # would see the older checkpoint.
+            log.warning("dynconfig checkpoint not written", error=str(exc))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    def _refresh_condition(self) -> None:
+        assigned = self.state.assigned
+        active = _describe(self.active.name, self.active.hash)
+        if self.state.trial is not None:
+            self.condition_ = Condition(True, "OnTrial", f"{active} applied, on trial")
+        elif assigned is None:
+            self.condition_ = Condition(
+                True, "Local", "no NodeAgentConfig targets the node; running the local config"
+            )
+        else:
+            self.condition_ = Condition(True, "Active", f"{active} active and last-known-good")
+
+    def condition(self) -> Condition:
+        return self.condition_
+
+    def status(self) -> dict[str, object]:
+        """The /v1/config view: assigned / active / last-known-good and why they differ."""
+        assigned = self.state.assigned
+        lkg = self.state.lkg
+        differ: list[str] = []
+        if assigned is not None and assigned.hash != self.active.hash:
+            bad = self._bad(assigned)
+            differ.append(
+                f"assigned {assigned.hash} not active: "
+                + (f"{bad.kind}: {bad.reason}" if bad else "not applied yet")
+            )
+        if lkg is not None and lkg.hash != self.active.hash:
+            differ.append(
+                f"active {self.active.hash} not last-known-good: "
+                + ("on trial" if self.state.trial else "not promoted")
+            )
+        return {
+            "boot": {"source": self.boot_source, "reason": self.boot_reason},
+            "assigned": None
+            if assigned is None
+            else {
+                "name": assigned.name,
+                "uid": assigned.uid,
+                "generation": assigned.generation,
+                "hash": assigned.hash,
+            },
+            "active": {"name": self.active.name, "hash": self.active.hash},
+            "last_known_good": None if lkg is None else {"name": lkg.name, "hash": lkg.hash},
+            "trial": None
+            if self.state.trial is None
+            else {
+                "name": self.state.trial.name,
+                "hash": self.state.trial.hash,
+                "remaining": None
+                if self.trial_deadline is None
+                else max(0.0, self.trial_deadline - trio.current_time()),
+            },
+            "bad": [
+                {"name": b.name, "hash": b.hash, "kind": b.kind, "reason": b.reason}
+                for b in self.state.bad
+            ],
+            "differ": differ,
+            "condition": {
+                "type": CONDITION_TYPE,
+                "status": self.condition_.status,
+                "reason": self.condition_.reason,
+                "message": self.condition_.message,
+            },
+        }
+
+
+_REASON = {
+    "invalid": "ConfigInvalid",
+    "veto": "ConfigVetoed",
+    "unhealthy": "RolledBack",
+    "crash": "RolledBack",
+}
+_EVENT = {"invalid": "ConfigInvalid", "veto": "ConfigVetoed"}
+_VERB = {"invalid": "rejected as invalid", "veto": "vetoed"}
+
+
+def _describe(name: str, hash_: str) -> str:
+    if hash_ == LOCAL_HASH:
+        return "the local config"
+    return f"NodeAgentConfig {name} (hash {hash_})"

@@ -1,0 +1,40 @@
+"""Prometheus metrics of dynamic configuration (the KEP-281 trio: assigned, active and
+last-known-good, each an info gauge whose labels carry the hash)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+ASSIGNED_INFO = Gauge(
+    "nodeagent_config_assigned_info",
+    "The remote config this node's NodeAgentConfig assigns (value 1; none: no target).",
+    ["hash", "name"],
+)
+ACTIVE_INFO = Gauge(
+    "nodeagent_config_active_info",
+    "The config the agent runs (value 1; hash 'local': defaults, file and flags only).",
+    ["hash", "name"],
+)
+LKG_INFO = Gauge(
+    "nodeagent_config_last_known_good_info",
+    "The config a rollback goes back to (value 1; promoted when a trial is survived).",
+    ["hash", "name"],
+)
+ROLLBACKS = Counter(
+    "nodeagent_config_rollbacks_total",
+    "Configs rolled back to last-known-good (unhealthy during the trial, or died during it).",
+)
+VETOES = Counter(
+    "nodeagent_config_vetoes_total",
+    "Remote configs discarded because a component vetoed the change.",
+)
+REJECTED = Counter(
+    "nodeagent_config_rejected_total",
+    "Remote configs refused by the agent's validation (static or unknown field, bad value).",
+)
+
+
+def set_info(gauge: Gauge, **labels: str) -> None:
+    """Show exactly one label set (the previous hash disappears)."""
+    gauge.clear()
+    gauge.labels(**labels).set(1)

@@ -1,0 +1,57 @@
+"""Configuration of dynamic node configuration (the ``[dynconfig]`` table of the agent's TOML).
+
+The table itself is static: trial and rollback must not be switched off by the very remote
+config they guard.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from nodeagent.core.errors import ConfigError
+
+__all__ = ["DynconfigSettings"]
+
+
+class DynconfigSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    # Watch NodeAgentConfig objects and apply the one targeting this node (cluster mode only;
+    # standalone there is nothing to watch).
+    enabled: bool = True
+    # Seconds a newly applied config is on trial: unhealthy meanwhile rolls it back, surviving
+    # promotes it to last-known-good (the kubelet's KEP-281 used 10 min too).
+    trial_duration: float = 600.0
+    # Seconds a checkpointed config stays usable at a start without the apiserver, counted from
+    # the last time the apiserver confirmed it (older: the defaults and file are used).
+    checkpoint_grace: float = 7200.0
+    # During a trial: a component not ready for longer than this makes the agent unhealthy.
+    unready_bound: float = 60.0
+    # During a trial: a component restarted this many times since the trial began is
+    # crash-looping (the supervisor's backoff makes 3 restarts take about 7 s at least).
+    crashloop_restarts: int = 3
+    # During a trial: the watchdog not kicked for this many seconds makes the agent unhealthy.
+    watchdog_bound: float = 60.0
+    # Seconds between two health checks during a trial.
+    health_interval: float = 5.0
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first field that breaks a rule."""
+        for name in (
+            "trial_duration",
+            "checkpoint_grace",
+            "unready_bound",
+            "watchdog_bound",
+            "health_interval",
+        ):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"dynconfig.{name}", value, "must be a finite number > 0")
+        if self.crashloop_restarts < 1:
+            raise ConfigError(
+                "dynconfig.crashloop_restarts", self.crashloop_restarts, "must be an integer >= 1"
+            )
+        if self.health_interval > self.trial_duration:
+            raise ConfigError(
+                "dynconfig.health_interval", self.health_interval, "must be <= trial_duration"
+            )
