@@ -26,6 +26,7 @@ from nodeagent.config.loader import (
     translate_validation_error,
     validate_section,
 )
+from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.kube.settings import KubeSettings
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.reporter.settings import ReporterSettings
@@ -43,6 +44,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     accumulator: AccumulatorSettings = msgspec.field(default_factory=AccumulatorSettings)
     resources: ResourcesSettings = msgspec.field(default_factory=ResourcesSettings)
     reporter: ReporterSettings = msgspec.field(default_factory=ReporterSettings)
+    dynconfig: DynconfigSettings = msgspec.field(default_factory=DynconfigSettings)
 
 
 def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -> Config:

@@ -107,7 +107,8 @@ def test_explicit_registry_dir_is_kept_and_relative_is_under_state_dir() -> None
             {"agnet": {}},
             "agnet",
             {},
-            "unknown field (known: agent, ops, plugins, kube, accumulator, resources, reporter)",
+            "unknown field (known: agent, ops, plugins, kube, accumulator, resources, reporter, "
+            "dynconfig)",
         ),
         ({"agent": 3}, "agent", 3, "expected object, got int"),
     ],
