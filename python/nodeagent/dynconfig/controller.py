@@ -365,16 +365,20 @@ class Controller(Generic[C]):
             self._assign_local()
             return
         target = msgspec.structs.replace(target, hash=self.hasher(target.config))
-        self.state.assigned, self.state.assigned_at = target, self.wall()
-        self.state.confirmed_at = self.state.assigned_at
-        set_info(ASSIGNED_INFO, hash=target.hash, name=target.name)
-        if target.hash == self.active.hash:
+        if target == self.state.assigned:
+            # A re-list or an unrelated change of the object: no checkpoint write per watch
+            # event, only the grace's refresh.
+            self.confirm()
+        else:
+            self.state.assigned, self.state.assigned_at = target, self.wall()
+            self.state.confirmed_at = self.state.assigned_at
+            set_info(ASSIGNED_INFO, hash=target.hash, name=target.name)
             self._save()
+        if target.hash == self.active.hash:
             self._refresh_condition()
             return
         bad = self._bad(target)
         if bad is not None:
-            self._save()
             self.condition_ = Condition(
                 False,
                 _REASON[bad.kind],
@@ -499,7 +503,7 @@ class Controller(Generic[C]):
             f"{_describe(self.active.name, self.active.hash)}"
         )
         if not applied:
-            message += f" (the rollback to {_describe(target.name, target.hash)} was vetoed)"
+            message += f" (the rollback to {_describe(target.name, target.hash)} failed)"
         log.warning("dynconfig rolled back", name=trial.name, hash=trial.hash, reason=reason)
         self.on_event(ConfigEvent("Warning", "ConfigRolledBack", message))
         self.condition_ = Condition(False, "RolledBack", message)
@@ -508,7 +512,13 @@ class Controller(Generic[C]):
 
     def _switch(self, target: Known, source: str) -> bool:
         assert self.hub is not None, "attach(hub) before assign()"
-        result = self.hub.propose(self.build(target.config), source)
+        try:
+            config = self.build(target.config)
+        except ConfigError as exc:
+            # The file changed under a checkpointed overlay (SIGHUP): keep running what runs.
+            log.warning("dynconfig switch not built", target=target.hash, error=str(exc))
+            return False
+        result = self.hub.propose(config, source)
         if result.applied:
             self._set_active(target)
         return result.applied

@@ -385,3 +385,37 @@ def test_condition_patch_is_a_conditions_merge() -> None:
 def test_settings_name_the_field(field: str, value: Any) -> None:
     with pytest.raises(ConfigError, match=f"dynconfig.{field}"):
         DynconfigSettings(**{field: value}).validate()
+
+
+async def test_relisted_object_writes_no_checkpoint(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    rig = make(tmp_path)
+    c = rig.controller
+    c.assign(target({"interval": 7}))
+    await trio.sleep(601)
+    c.tick(None)
+    path = rig.store.path(CHECKPOINT_NAME)
+    before = path.stat().st_mtime_ns, path.read_bytes()
+    rig.wall.now += 10
+    for _ in range(5):
+        c.assign(target({"interval": 7}))
+    assert (path.stat().st_mtime_ns, path.read_bytes()) == before
+
+
+async def test_rollback_target_no_longer_valid_keeps_running(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    rig = make(tmp_path)
+    c = rig.controller
+    c.assign(target({"interval": 7}))
+    await trio.sleep(601)
+    c.tick(None)
+    c.assign(target({"log_level": "debug"}, generation=2))
+    # The file changed meanwhile so the last-known-good overlay no longer builds.
+    assert c.state.lkg is not None
+    c.state.lkg = msgspec.structs.replace(c.state.lkg, config={"gone": 1})
+    c.tick("component publisher not ready")
+    assert c.condition().reason == "RolledBack" and "failed" in c.condition().message
+    assert c.active.hash == hasher({"log_level": "debug"})
+    assert c.state.trial is None
