@@ -138,7 +138,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info("configuration loaded", source=source or "defaults", version=__version__)
     overrides = overrides_from_args(args)
     # SIGHUP re-reads the same file with the same flags and validation.
-    agent = Agent(config, reloader=lambda: load_config(args.config, overrides)[0])
+    from nodeagent.service.dynconfig import ConfigBuilder
+
+    try:
+        builder = ConfigBuilder(args.config, overrides)
+    except ConfigError as exc:
+        return _config_failure(exc)
+    agent = Agent(config, reloader=lambda: load_config(args.config, overrides)[0], builder=builder)
     try:
         trio.run(agent.run)
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed

@@ -17,13 +17,17 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import trio
 
 from nodeagent import __version__
+from nodeagent.checkpoint import CheckpointStore
 from nodeagent.config.render import to_builtins
 from nodeagent.core.errors import ConfigError
+from nodeagent.dynconfig.controller import Controller
+from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.log import get_logger, set_log_level
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.rpc.bridge import open_grpc_bridge
@@ -32,6 +36,7 @@ from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.component import Component, FatalError
 from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config
+from nodeagent.service.dynconfig import ConfigBuilder, DynconfigComponent, EventBuffer
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.hub import ConfigHub
 from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS
@@ -83,8 +88,27 @@ class Agent:
         extra_components: Sequence[Component] = (),
         cluster: ClusterComponent | None = None,
         reloader: Reloader | None = None,
+        builder: ConfigBuilder | None = None,
     ) -> None:
+        # With a builder (file + flags + remote overlay), dynamic configuration is on: the
+        # controller boots first, so a checkpointed last-known-good runs from the start, also
+        # without the apiserver.
+        self.builder = builder if config.dynconfig.enabled else None
+        self.dynconfig_events = EventBuffer()
+        self.controller: Controller[Config] | None = None
+        if self.builder is not None:
+            self.controller = Controller(
+                config.dynconfig,
+                CheckpointStore(Path(config.agent.state_dir) / "checkpoints"),
+                self.builder,
+                config_hash,
+                on_event=self.dynconfig_events,
+            )
+            config = self.controller.boot().config
         self.hub = ConfigHub(config)
+        if self.controller is not None:
+            self.controller.attach(self.hub)
+        self.dynconfig_component: DynconfigComponent | None = None
         self.hub.subscribe("agent", on_applied=_apply_log_level, name="log")
         self.reloader = reloader
         self.last_reload: dict[str, Any] | None = None
@@ -172,11 +196,11 @@ class Agent:
     def reload(self) -> None:
         """Re-read the config file and propose it; anything wrong keeps the running config and
         is logged, counted and shown in /v1/status (`config_reload`)."""
-        if self.reloader is None:
+        if self.reloader is None and self.controller is None:
             self._reloaded("unsupported", "no config file to re-read (started without reload)")
             return
         try:
-            new = self.reloader()
+            new = self._reread()
         except ConfigError as exc:
             self._reloaded("invalid", str(exc))
             return
@@ -187,6 +211,14 @@ class Agent:
             self._reloaded("applied", "changed: " + ", ".join(result.changed))
         else:
             self._reloaded("unchanged", "no field changed")
+
+    def _reread(self) -> Config:
+        if self.controller is None or self.builder is None:
+            assert self.reloader is not None
+            return self.reloader()
+        # The file and flags change under the active remote overlay, which stays.
+        self.builder.reread()
+        return self.controller.build(self.controller.active.config)
 
     def _reloaded(self, result: str, message: str) -> None:
         CONFIG_RELOADS.labels(result=result).inc()
@@ -226,12 +258,25 @@ class Agent:
                 state_dir=agent.state_dir,
                 client=client,
             )
+            dynamic: list[Component] = []
+            if self.controller is not None and client is not None:
+                self.dynconfig_component = DynconfigComponent(
+                    node_name=agent.node_name,
+                    controller=self.controller,
+                    events=self.dynconfig_events,
+                    client=client,
+                    accumulator_settings=self.config.accumulator,
+                    reports=self.readiness,
+                    watchdog_age=lambda: self.heartbeat.liveness()[1],
+                )
+                dynamic.append(self.dynconfig_component)
             self.supervisor = Supervisor(
                 [
                     self.plugins_component,
                     self.cluster,
                     self.resources_component,
                     self.reporter_component,
+                    *dynamic,
                     *self.extra_components,
                 ],
                 backoff_initial=agent.restart_backoff_initial,
@@ -330,6 +375,14 @@ class Agent:
     def effective_config(self) -> dict[str, Any]:
         return to_builtins(self.config)
 
+    def dynconfig(self) -> dict[str, Any] | None:
+        """assigned / active / last-known-good and why they differ (None: not enabled)."""
+        if self.dynconfig_component is not None:
+            return self.dynconfig_component.view()
+        if self.controller is not None:
+            return dict(self.controller.status())
+        return None
+
     def status(self) -> dict[str, Any]:
         reports = self.readiness()
         uptime = trio.current_time() - self.started_at if self.started_at is not None else 0.0
@@ -349,6 +402,7 @@ class Agent:
             "resourceslices": slice_summary(self.resourceslices()),
             "cnr": cnr_summary(self.cnr()),
             "config_reload": self.last_reload,
+            "dynconfig": self.dynconfig(),
         }
 
 

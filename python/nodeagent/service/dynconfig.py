@@ -1,0 +1,302 @@
+"""The dynamic-config component (cluster mode, ``dynconfig.enabled``): watches NodeAgentConfig
+objects and this node's Node (its labels) through its own accumulator, selects the target and
+drives the controller (assign / keep / confirm), runs the controller's trials, and writes what
+it decides: the NodeAgentConfigOK condition on nodes/<node>/status (only when it changed: the
+one write per config change) and Events on the Node.
+
+A cluster that does not serve the CRD keeps the component ready (the local or checkpointed
+config runs) and the kind is looked for again every `retry` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import trio
+
+from nodeagent.accumulator import Accumulator
+from nodeagent.accumulator.model import ObjectMap, Query
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.config.loader import Override, apply_overrides, read_config_file
+from nodeagent.core.errors import ConfigError
+from nodeagent.dynconfig.controller import (
+    Assignment,
+    ComponentHealth,
+    Condition,
+    ConfigEvent,
+    Controller,
+    condition_patch,
+)
+from nodeagent.dynconfig.overlay import overlay_raw
+from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
+from nodeagent.kube import CORE_EVENTS, NODES
+from nodeagent.kube.client import KubeClient
+from nodeagent.kube.errors import KubeError, NotFound
+from nodeagent.log import get_logger
+from nodeagent.service.component import Readiness
+from nodeagent.service.config import Config, build_config
+
+log = get_logger(__name__)
+
+__all__ = ["ConfigBuilder", "DynconfigComponent", "EventBuffer"]
+
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class ConfigBuilder:
+    """Effective config = defaults, the file, the flags, then a remote overlay (None: none).
+
+    The file is read once and again only on `reread()` (SIGHUP), so a remote change never
+    picks up an edit of the file that was not asked for."""
+
+    def __init__(self, path: str | None, overrides: Sequence[Override] = ()) -> None:
+        self.path = path
+        self.overrides = list(overrides)
+        self.raw = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        raw, _ = read_config_file(self.path)
+        return apply_overrides(raw, self.overrides)
+
+    def reread(self) -> None:
+        """Re-read the file (ConfigError: the previous file stays in use)."""
+        raw = self._read()
+        build_config(raw)
+        self.raw = raw
+
+    def __call__(self, remote: Mapping[str, Any] | None) -> Config:
+        if not remote:
+            return build_config(self.raw)
+        return build_config(overlay_raw(self.raw, remote))
+
+
+class _Snap:
+    configs: ObjectMap[dict[str, Any]]
+    node: ObjectMap[dict[str, Any]]
+
+
+class EventBuffer:
+    """The controller's events, kept until the component has a client to post them (the
+    controller boots before the apiserver answers). Bounded: the oldest are dropped."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self.pending: list[ConfigEvent] = []
+        self.arrived = trio.Event()
+
+    def __call__(self, event: ConfigEvent) -> None:
+        log.info("dynconfig event", type=event.type, reason=event.reason, message=event.message)
+        self.pending = [*self.pending[-(self.limit - 1) :], event]
+        self.arrived.set()
+
+    def take(self) -> list[ConfigEvent]:
+        out, self.pending = self.pending, []
+        self.arrived = trio.Event()
+        return out
+
+
+class DynconfigComponent:
+    name = "dynconfig"
+
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        controller: Controller[Any],
+        events: EventBuffer,
+        client: KubeClient,
+        accumulator_settings: AccumulatorSettings,
+        reports: Callable[[], Sequence[ComponentHealth]],
+        watchdog_age: Callable[[], float | None] = lambda: None,
+        retry: float = 30.0,
+    ) -> None:
+        self.node_name = node_name
+        self.controller = controller
+        self.events = events
+        self._client = client
+        self._accumulator_settings = accumulator_settings
+        self._reports = reports
+        self._watchdog_age = watchdog_age
+        self._retry = retry
+        self.accumulator: Accumulator | None = None
+        self.crd_missing: str | None = None
+        self.started = False
+        self.selection_reason = "not selected yet"
+        self.invalid: list[tuple[str, str]] = []
+        self.written: Condition | None = None
+        self.condition_error: str | None = None
+        self.condition_writes = 0
+        # Wall time of the last assignment change seen, and how long it took to apply.
+        self.last_apply_seconds: float | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.accumulator, self.crd_missing, self.started = None, None, False
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.controller.run_trials, self._reports, self._watchdog_age)
+            nursery.start_soon(self._post_events)
+            nursery.start_soon(self._write_conditions)
+            while not await self._crd_served():
+                # An optional kind: the agent runs its local (or checkpointed) config meanwhile.
+                if not self.started:
+                    self.started = True
+                    task_status.started()
+                await trio.sleep(self._retry)
+            self.crd_missing = None
+            acc = Accumulator(
+                self._client,
+                [
+                    Query("configs", API_VERSION, KIND, into=dict[str, Any]),
+                    Query(
+                        "node",
+                        "v1",
+                        "Node",
+                        field_selector=f"metadata.name={self.node_name}",
+                        into=dict[str, Any],
+                    ),
+                ],
+                self._accumulator_settings,
+            )
+            self.accumulator = acc
+            await nursery.start(acc.run)
+            if not self.started:
+                self.started = True
+                task_status.started()
+            snap = _Snap()
+            while True:
+                await acc.changed()
+                if acc.update(snap) and self._known(acc):
+                    self._select(snap)
+
+    async def _crd_served(self) -> bool:
+        try:
+            await self._client.discover(API_VERSION, KIND)
+            return True
+        except NotFound as exc:
+            self.crd_missing = str(exc)
+            return False
+        except KubeError as exc:
+            self.crd_missing = f"discovery failed: {exc}"
+            log.warning("discovering the NodeAgentConfig kind failed: retrying", error=str(exc))
+            return False
+
+    def _known(self, acc: Accumulator) -> bool:
+        # A Forbidden or failed list shows as empty: taking it for "no object targets this
+        # node" would drop a running remote config; keep it and say why instead.
+        unknown = {name: s.reason for name, s in acc.statuses().items() if not s.known}
+        if unknown:
+            self.selection_reason = f"not selecting: {unknown}"
+            self.controller.keep(f"NodeAgentConfig objects not readable ({unknown})")
+        return not unknown
+
+    def _select(self, snap: _Snap) -> None:
+        objects = []
+        invalid: list[tuple[str, str]] = []
+        for raw in snap.configs.values_list():
+            try:
+                objects.append(decode_object(raw))
+            except ConfigError as exc:
+                invalid.append(((raw.get("metadata") or {}).get("name", "?"), str(exc)))
+        node = snap.node.lookup("", self.node_name)
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        selection = select_target(objects, self.node_name, labels)
+        self.selection_reason = selection.reason
+        self.invalid = invalid + selection.invalid
+        if self.invalid:
+            log.warning("NodeAgentConfig objects not usable", invalid=self.invalid)
+        if selection.tie:
+            self.controller.keep(selection.reason)
+            return
+        target = selection.target
+        if target is None:
+            self.controller.assign(None, self._reports())
+            return
+        meta = target.metadata
+        self.controller.assign(
+            Assignment(
+                name=meta.name,
+                uid=meta.uid,
+                generation=meta.generation,
+                config=dict(target.spec.config or {}),
+            ),
+            self._reports(),
+        )
+
+    async def _write_conditions(self) -> None:
+        while True:
+            changed = self.controller.changed
+            condition = self.controller.condition()
+            if condition != self.written:
+                await self._patch_condition(condition)
+            if self.controller.condition() == self.written:
+                await changed.wait()
+            else:
+                # The write failed, or the condition moved meanwhile: look again shortly.
+                with trio.move_on_after(1.0):
+                    await changed.wait()
+
+    async def _patch_condition(self, condition: Condition) -> None:
+        try:
+            await self._client.patch(
+                NODES,
+                self.node_name,
+                condition_patch(condition, time.time()),
+                type="strategic",
+                subresource="status",
+            )
+        except KubeError as exc:
+            self.condition_error = str(exc)
+            log.warning("NodeAgentConfigOK condition not written", error=str(exc))
+            return
+        self.condition_error = None
+        self.condition_writes += 1
+        self.written = condition
+
+    async def _post_events(self) -> None:
+        while True:
+            await self.events.arrived.wait()
+            for event in self.events.take():
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Event",
+                    "metadata": {"generateName": f"{self.node_name}."},
+                    # As the kubelet does: node events live in "default", the UID is the name.
+                    "involvedObject": {
+                        "kind": "Node",
+                        "name": self.node_name,
+                        "uid": self.node_name,
+                    },
+                    "reason": event.reason,
+                    "message": event.message[:1024],
+                    "type": event.type,
+                    "source": {"component": "nodeagent", "host": self.node_name},
+                }
+                try:
+                    await self._client.create(CORE_EVENTS, body, "default")
+                except KubeError as exc:
+                    log.warning("event not recorded", reason=event.reason, error=str(exc))
+
+    def readiness(self) -> Readiness:
+        if not self.started:
+            return False, "starting"
+        if self.crd_missing is not None:
+            return True, (
+                f"the NodeAgentConfig CRD is not served ({self.crd_missing}): running "
+                f"{self.controller.active.name} config"
+            )
+        acc = self.accumulator
+        if acc is not None and acc.problems():
+            return True, f"watching NodeAgentConfig objects ({acc.not_ready_reason()})"
+        condition = self.controller.condition()
+        return True, f"{condition.reason}: {condition.message}"
+
+    def view(self) -> dict[str, Any]:
+        return {
+            **self.controller.status(),
+            "selection": self.selection_reason,
+            "invalid": [{"name": n, "reason": r} for n, r in self.invalid],
+            "crd_missing": self.crd_missing,
+            "condition_writes": self.condition_writes,
+            "condition_error": self.condition_error,
+        }

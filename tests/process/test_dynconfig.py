@@ -1,0 +1,280 @@
+"""`nodeagent run` with node credentials against the real kube-apiserver, taking its config from
+a NodeAgentConfig: selected by name, applied without a restart (visible in /v1/config and in the
+log level), the NodeAgentConfigOK condition and Events written with the node's own credentials,
+a config the agent refuses kept out (old one running), and a process killed during a trial
+rolled back at the next start."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import statistics
+import time
+from typing import Any
+
+import msgspec
+import trio
+
+from nodeagent.kube import CORE_EVENTS, NODES, KubeClient, Resource, errors
+from tests.integration.conftest import client_for
+from tests.process.conftest import AgentProcess, StartAgent
+from tests.process.test_process_resourceslices import until
+from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.crds import REPO_ROOT, apply_manifest
+from tests.support.nodeagentconfig import (
+    NAC,
+    NAC_CRD_NAME,
+    install_nodeagentconfig_crd,
+    nodeagentconfig,
+)
+
+apiserver = apiserver_fixture(scope="module", nodes=("node-a", "node-b", "node-c"))
+
+ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
+CRDS = Resource(
+    group="apiextensions.k8s.io",
+    version="v1",
+    plural="customresourcedefinitions",
+    kind="CustomResourceDefinition",
+    namespaced=False,
+)
+
+
+async def _prepare(apiserver: ApiServer, node: str) -> None:
+    """The Node, the CRD and the node access manifest, in force for ``node``'s credentials."""
+    async with client_for(apiserver, "admin") as admin:
+        with contextlib.suppress(errors.AlreadyExists):
+            await admin.create(NODES, {"metadata": {"name": node, "labels": {"pool": "web"}}})
+        await install_nodeagentconfig_crd(admin)
+        await apply_manifest(admin, ACCESS)
+    async with client_for(apiserver, node) as client:
+        with trio.fail_after(30):
+            while True:
+                try:
+                    await client.list(NAC)
+                    return
+                except errors.Forbidden:
+                    await trio.sleep(0.2)  # RBAC caches catch up with the binding
+
+
+def _admin(apiserver: ApiServer, fn: Any) -> Any:
+    async def go() -> Any:
+        async with client_for(apiserver, "admin") as admin:
+            return await fn(admin)
+
+    return trio.run(go)
+
+
+def _doc(agent: AgentProcess, path: str) -> Any:
+    status, body = agent.get(path)
+    assert status == 200, body
+    return json.loads(body)
+
+
+def _dyn(agent: AgentProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = _doc(agent, "/v1/status")["dynconfig"]
+    return doc
+
+
+def _condition(apiserver: ApiServer, node: str) -> dict[str, str] | None:
+    async def get(admin: KubeClient) -> dict[str, str] | None:
+        obj = msgspec.json.decode(await admin.get(NODES, node))
+        for c in obj.get("status", {}).get("conditions", []):
+            if c["type"] == "NodeAgentConfigOK":
+                return dict(c)
+        return None
+
+    result: dict[str, str] | None = _admin(apiserver, get)
+    return result
+
+
+def _events(apiserver: ApiServer, node: str) -> list[dict[str, Any]]:
+    async def get(admin: KubeClient) -> list[dict[str, Any]]:
+        listed = await admin.list(CORE_EVENTS, "default")
+        items = [msgspec.json.decode(item) for item in listed.items]
+        return [e for e in items if e["involvedObject"]["name"] == node]
+
+    result: list[dict[str, Any]] = _admin(apiserver, get)
+    return result
+
+
+def _until_condition(apiserver: ApiServer, node: str, reason: str, what: str) -> dict[str, str]:
+    def check() -> dict[str, str] | None:
+        condition = _condition(apiserver, node)
+        return condition if condition is not None and condition["reason"] == reason else None
+
+    return until(check, what)
+
+
+def _put_config(apiserver: ApiServer, name: str, node: str, config: dict[str, Any]) -> None:
+    async def put(admin: KubeClient) -> None:
+        body = nodeagentconfig(name, spec={"nodeNames": [node], "config": config})
+        try:
+            await admin.create(NAC, body)
+        except errors.AlreadyExists:
+            await admin.patch(NAC, name, {"spec": {"config": config}})
+
+    _admin(apiserver, put)
+
+
+def _start(start_agent: StartAgent, apiserver: ApiServer, node: str, *extra: str) -> AgentProcess:
+    agent = start_agent(
+        "--kubeconfig",
+        str(apiserver.kubeconfig(node)),
+        "--node-name",
+        node,
+        "--set",
+        "dynconfig.health_interval=0.5",
+        *extra,
+    )
+    agent.wait_ready()
+    return agent
+
+
+def _scan_interval(agent: AgentProcess) -> float:
+    value: float = _doc(agent, "/v1/config")["plugins"]["scan_interval"]
+    return value
+
+
+def _loosen_crd(apiserver: ApiServer) -> None:
+    """An older or looser CRD than the agent's: spec.config kept as written, so only the agent's
+    own validation stands between a bad config and the node."""
+
+    async def loosen(admin: KubeClient) -> None:
+        crd = msgspec.json.decode(await admin.get(CRDS, NAC_CRD_NAME))
+        for version in crd["spec"]["versions"]:
+            spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            spec["properties"]["config"] = {
+                "type": "object",
+                "x-kubernetes-preserve-unknown-fields": True,
+            }
+        await admin.update(CRDS, crd)
+
+    _admin(apiserver, loosen)
+
+
+def test_select_apply_condition_events_and_refused_config_kept(
+    apiserver: ApiServer, start_agent: StartAgent
+) -> None:
+    trio.run(_prepare, apiserver, "node-a")
+    # A CRD looser than the agent's (older, or edited), loosened before the agent watches so
+    # its watch serves the new schema: only the agent's own validation keeps a static field out.
+    _loosen_crd(apiserver)
+    probe = {"kube": {"kubeconfig": "/etc/other"}}
+
+    def stored_unpruned() -> bool:
+        _put_config(apiserver, "probe", "no-such-node", probe)
+        obj = _admin(apiserver, lambda admin: admin.get(NAC, "probe"))
+        return "kube" in msgspec.json.decode(obj)["spec"]["config"]
+
+    until(stored_unpruned, "the looser CRD in force")
+    _admin(apiserver, lambda admin: admin.delete(NAC, "probe"))
+    agent = _start(start_agent, apiserver, "node-a")
+    until(lambda: _dyn(agent)["crd_missing"] is None, "the CRD found")
+    until(
+        lambda: (_condition(apiserver, "node-a") or {}).get("reason") == "Local",
+        "the Local condition",
+    )
+    default_scan = _scan_interval(agent)
+    assert default_scan != 0.25
+
+    _put_config(
+        apiserver,
+        "fleet",
+        "node-a",
+        {"plugins": {"scan_interval": 0.25}, "agent": {"log_level": "debug"}},
+    )
+    until(lambda: _scan_interval(agent) == 0.25, "the remote scan_interval applied")
+    dyn = _dyn(agent)
+    assert dyn["active"]["name"] == "fleet"
+    assert dyn["assigned"]["hash"] == dyn["active"]["hash"]
+    assert dyn["trial"]["name"] == "fleet"
+    assert dyn["selection"].startswith("naming this node")
+    assert _doc(agent, "/v1/config")["agent"]["log_level"] == "debug"
+    condition = _until_condition(
+        apiserver, "node-a", "OnTrial", "the OnTrial condition written with node-a's credentials"
+    )
+    assert dyn["active"]["hash"] in condition["message"]
+    events = until(
+        lambda: [e for e in _events(apiserver, "node-a") if e["reason"] == "ConfigApplied"],
+        "the ConfigApplied Event",
+    )
+    assert "fleet" in events[0]["message"]
+
+    # The agent, not the server, refuses a static field (the CRD was loosened before the start).
+    bad = {"plugins": {"scan_interval": 0.5}, "kube": {"kubeconfig": "/etc/other"}}
+    _put_config(apiserver, "fleet", "node-a", bad)
+    condition = _until_condition(
+        apiserver, "node-a", "ConfigInvalid", "the ConfigInvalid condition"
+    )
+    assert "kube" in condition["message"]
+    assert _scan_interval(agent) == 0.25  # the old config keeps running
+    dyn = _dyn(agent)
+    assert dyn["active"]["name"] == "fleet" and dyn["assigned"]["hash"] != dyn["active"]["hash"]
+    assert any("invalid" in d for d in dyn["differ"])
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
+
+
+def test_killed_during_trial_rolls_back_at_restart(
+    apiserver: ApiServer, start_agent: StartAgent
+) -> None:
+    trio.run(_prepare, apiserver, "node-b")
+    first = _start(start_agent, apiserver, "node-b")
+    default_scan = _scan_interval(first)
+    _put_config(apiserver, "node-b-conf", "node-b", {"plugins": {"scan_interval": 0.3}})
+    until(lambda: _scan_interval(first) == 0.3, "the remote config applied (on trial)")
+    assert _dyn(first)["trial"] is not None
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=15)
+
+    second = _start(start_agent, apiserver, "node-b", "--state-dir", str(first.state_dir))
+    dyn = _dyn(second)
+    assert dyn["boot"]["source"] == "rollback", dyn
+    assert _scan_interval(second) == default_scan
+    condition = _until_condition(apiserver, "node-b", "RolledBack", "the RolledBack condition")
+    assert "died during its trial" in condition["message"]
+    # The same object is not retried: it stays assigned, not active.
+    until(lambda: (_dyn(second)["assigned"] or {}).get("name") == "node-b-conf", "assigned")
+    assert _dyn(second)["active"]["name"] == "local"
+    assert _scan_interval(second) == default_scan
+    second.signal(signal.SIGTERM)
+    assert second.wait(timeout=15) == 0
+
+
+def test_apply_latency_and_writes_per_change(
+    apiserver: ApiServer, start_agent: StartAgent, capsys: Any
+) -> None:
+    trio.run(_prepare, apiserver, "node-c")
+    agent = _start(start_agent, apiserver, "node-c")
+    until(lambda: _dyn(agent)["crd_missing"] is None, "the CRD found")
+    until(lambda: _dyn(agent)["condition_writes"] >= 1, "the first condition")
+    latencies = []
+    writes = []
+    for i in range(20):
+        value = 0.2 + i / 100
+        before = _dyn(agent)["condition_writes"]
+        t0 = time.monotonic()
+        _put_config(apiserver, "node-c-conf", "node-c", {"plugins": {"scan_interval": value}})
+
+        def applied(v: float = value) -> bool:
+            return _scan_interval(agent) == v
+
+        until(applied, "applied", timeout=30)
+        latencies.append(time.monotonic() - t0)
+
+        def written(b: int = before) -> bool:
+            return bool(_dyn(agent)["condition_writes"] > b)
+
+        until(written, "condition written")
+        writes.append(_dyn(agent)["condition_writes"] - before)
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p99 = latencies[-1]
+    with capsys.disabled():
+        print(f"\ndynconfig apply latency p50={p50 * 1000:.0f}ms p99(max of 20)={p99 * 1000:.0f}ms")
+        print(f"dynconfig writes per change: {writes}")
+    assert max(writes) <= 2
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
