@@ -10,7 +10,9 @@ import contextlib
 import json
 import signal
 import statistics
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -18,7 +20,7 @@ import trio
 
 from nodeagent.kube import CORE_EVENTS, NODES, KubeClient, Resource, errors
 from tests.integration.conftest import client_for
-from tests.process.conftest import AgentProcess, StartAgent
+from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
 from tests.process.test_process_resourceslices import until
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import REPO_ROOT, apply_manifest
@@ -118,7 +120,9 @@ def _put_config(apiserver: ApiServer, name: str, node: str, config: dict[str, An
     _admin(apiserver, put)
 
 
-def _start(start_agent: StartAgent, apiserver: ApiServer, node: str, *extra: str) -> AgentProcess:
+def _start(
+    start_agent: StartAgent, apiserver: ApiServer, node: str, *extra: str, config: str | None = None
+) -> AgentProcess:
     agent = start_agent(
         "--kubeconfig",
         str(apiserver.kubeconfig(node)),
@@ -127,6 +131,7 @@ def _start(start_agent: StartAgent, apiserver: ApiServer, node: str, *extra: str
         "--set",
         "dynconfig.health_interval=0.5",
         *extra,
+        config=config,
     )
     agent.wait_ready()
     return agent
@@ -196,6 +201,14 @@ def test_select_apply_condition_events_and_refused_config_kept(
         apiserver, "node-a", "OnTrial", "the OnTrial condition written with node-a's credentials"
     )
     assert dyn["active"]["hash"] in condition["message"]
+    out = subprocess.run(
+        nodeagent_command("status", "--ops-address", agent.ops_address),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert f"Config: active fleet ({dyn['active']['hash']})" in out.stdout, out.stdout
+    assert "last-known-good local (local)" in out.stdout
     events = until(
         lambda: [e for e in _events(apiserver, "node-a") if e["reason"] == "ConfigApplied"],
         "the ConfigApplied Event",
@@ -276,5 +289,45 @@ def test_apply_latency_and_writes_per_change(
         print(f"\ndynconfig apply latency p50={p50 * 1000:.0f}ms p99(max of 20)={p99 * 1000:.0f}ms")
         print(f"dynconfig writes per change: {writes}")
     assert max(writes) <= 2
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
+
+
+def test_sighup_under_a_remote_config_keeps_the_overlay(
+    apiserver: ApiServer, start_agent: StartAgent, tmp_path: Path
+) -> None:
+    trio.run(_prepare, apiserver, "node-c")
+    agent = _start(
+        start_agent, apiserver, "node-c", config="[resources]\nmin_sync_interval = 1.0\n"
+    )
+    file = tmp_path / "config-0.toml"  # what start_agent wrote for its first agent
+    assert file.exists()
+    _put_config(apiserver, "node-c-conf", "node-c", {"plugins": {"scan_interval": 0.45}})
+    until(lambda: _scan_interval(agent) == 0.45, "the remote config applied")
+
+    def reload(text: str, expect: str) -> dict[str, Any]:
+        before = _doc(agent, "/v1/status")["config_reload"]
+        file.write_text(text)
+        agent.signal(signal.SIGHUP)
+
+        def done() -> dict[str, Any] | None:
+            last: dict[str, Any] | None = _doc(agent, "/v1/status")["config_reload"]
+            return last if last is not None and last != before else None
+
+        last = until(done, "the reload")
+        assert last["result"] == expect, last
+        return last
+
+    reload("[resources]\nmin_sync_interval = 2.5\n", "applied")
+    config = _doc(agent, "/v1/config")
+    assert config["resources"]["min_sync_interval"] == 2.5
+    assert config["plugins"]["scan_interval"] == 0.45  # the overlay stays over the new file
+    assert _dyn(agent)["active"]["name"] == "node-c-conf"
+    reload("[resources]\nmin_sync_interval = -1\n", "invalid")
+    config = _doc(agent, "/v1/config")
+    assert (config["resources"]["min_sync_interval"], config["plugins"]["scan_interval"]) == (
+        2.5,
+        0.45,
+    )
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=15) == 0

@@ -135,6 +135,7 @@ def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
             ),
         ]
     out += _cnr_lines(status.get("cnr"))
+    out += _dynconfig_lines(status.get("dynconfig"))
     return "\n".join(out) + "\n"
 
 
@@ -150,6 +151,26 @@ def _cnr_lines(cnr: dict[str, Any] | None) -> list[str]:
     ]
     for b in cnr.get("bad_fields") or []:
         lines.append(f"  skipped {b.get('field')} from {b.get('plugin')}: {b.get('reason')}")
+    return lines
+
+
+def _dynconfig_lines(dyn: dict[str, Any] | None) -> list[str]:
+    """assigned / active / last-known-good, as the KEP-281 status showed them, and why they
+    differ."""
+    if not dyn:
+        return []
+
+    def name(entry: dict[str, Any] | None) -> str:
+        return "-" if not entry else f"{entry.get('name')} ({entry.get('hash')})"
+
+    condition = dyn.get("condition") or {}
+    lines = [
+        "",
+        f"Config: active {name(dyn.get('active'))}, assigned {name(dyn.get('assigned'))}, "
+        f"last-known-good {name(dyn.get('last_known_good'))}",
+        f"  {condition.get('reason')}: {condition.get('message')}",
+    ]
+    lines += [f"  {why}" for why in dyn.get("differ") or []]
     return lines
 
 
