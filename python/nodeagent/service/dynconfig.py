@@ -72,6 +72,23 @@ class ConfigBuilder:
         return build_config(overlay_raw(self.raw, remote))
 
 
+class _Wake:
+    """One wake-up for changes of either accumulator (level-triggered: the loop then updates
+    both)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    async def forward(self, acc: Accumulator) -> None:
+        while True:
+            await acc.changed()
+            self._event.set()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+        self._event = trio.Event()
+
+
 class _Snap:
     configs: ObjectMap[dict[str, Any]]
     node: ObjectMap[dict[str, Any]]
@@ -120,7 +137,7 @@ class DynconfigComponent:
         self._reports = reports
         self._watchdog_age = watchdog_age
         self._retry = retry
-        self.accumulator: Accumulator | None = None
+        self.accumulators: list[Accumulator] = []
         self.crd_missing: str | None = None
         self.started = False
         self.selection_reason = "not selected yet"
@@ -132,7 +149,7 @@ class DynconfigComponent:
         self.last_apply_seconds: float | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        self.accumulator, self.crd_missing, self.started = None, None, False
+        self.accumulators, self.crd_missing, self.started = [], None, False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.controller.run_trials, self._reports, self._watchdog_age)
             nursery.start_soon(self._post_events)
@@ -144,30 +161,48 @@ class DynconfigComponent:
                     task_status.started()
                 await trio.sleep(self._retry)
             self.crd_missing = None
-            acc = Accumulator(
+            # Two accumulators: the Node's status changes often (the kubelet, and this
+            # component's own condition write), and in one accumulator each would hold the next
+            # NodeAgentConfig change back for accumulator.max_interval.
+            configs = Accumulator(
+                self._client,
+                [Query("configs", API_VERSION, KIND, into=dict[str, Any])],
+                self._accumulator_settings,
+            )
+            node = Accumulator(
                 self._client,
                 [
-                    Query("configs", API_VERSION, KIND, into=dict[str, Any]),
                     Query(
                         "node",
                         "v1",
                         "Node",
                         field_selector=f"metadata.name={self.node_name}",
                         into=dict[str, Any],
-                    ),
+                    )
                 ],
                 self._accumulator_settings,
             )
-            self.accumulator = acc
-            await nursery.start(acc.run)
+            self.accumulators = [configs, node]
+            wake = _Wake()
+            for acc in self.accumulators:
+                await nursery.start(acc.run)
+                nursery.start_soon(wake.forward, acc)
             if not self.started:
                 self.started = True
                 task_status.started()
             snap = _Snap()
+            labels: dict[str, str] | None = None
             while True:
-                await acc.changed()
-                if acc.update(snap) and self._known(acc):
-                    self._select(snap)
+                await wake.wait()
+                configs_changed = configs.update(snap)
+                if node.update(snap):
+                    new_labels = self._labels(snap)
+                    # Status-only changes of the Node (heartbeats, our condition) select nothing.
+                    configs_changed = configs_changed or new_labels != labels
+                    labels = new_labels
+                ready = configs_changed and configs.bootstrapped
+                if labels is not None and ready and self._known():
+                    self._select(snap, labels)
 
     async def _crd_served(self) -> bool:
         try:
@@ -181,16 +216,25 @@ class DynconfigComponent:
             log.warning("discovering the NodeAgentConfig kind failed: retrying", error=str(exc))
             return False
 
-    def _known(self, acc: Accumulator) -> bool:
+    def _known(self) -> bool:
         # A Forbidden or failed list shows as empty: taking it for "no object targets this
         # node" would drop a running remote config; keep it and say why instead.
-        unknown = {name: s.reason for name, s in acc.statuses().items() if not s.known}
+        unknown = {
+            name: s.reason
+            for acc in self.accumulators
+            for name, s in acc.statuses().items()
+            if not s.known
+        }
         if unknown:
             self.selection_reason = f"not selecting: {unknown}"
             self.controller.keep(f"NodeAgentConfig objects not readable ({unknown})")
         return not unknown
 
-    def _select(self, snap: _Snap) -> None:
+    def _labels(self, snap: _Snap) -> dict[str, str]:
+        node = snap.node.lookup("", self.node_name)
+        return dict(((node or {}).get("metadata") or {}).get("labels") or {})
+
+    def _select(self, snap: _Snap, labels: dict[str, str]) -> None:
         objects = []
         invalid: list[tuple[str, str]] = []
         for raw in snap.configs.values_list():
@@ -198,8 +242,6 @@ class DynconfigComponent:
                 objects.append(decode_object(raw))
             except ConfigError as exc:
                 invalid.append(((raw.get("metadata") or {}).get("name", "?"), str(exc)))
-        node = snap.node.lookup("", self.node_name)
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
         selection = select_target(objects, self.node_name, labels)
         self.selection_reason = selection.reason
         self.invalid = invalid + selection.invalid
@@ -285,9 +327,9 @@ class DynconfigComponent:
                 f"the NodeAgentConfig CRD is not served ({self.crd_missing}): running "
                 f"{self.controller.active.name} config"
             )
-        acc = self.accumulator
-        if acc is not None and acc.problems():
-            return True, f"watching NodeAgentConfig objects ({acc.not_ready_reason()})"
+        problems = [r for acc in self.accumulators if (r := acc.not_ready_reason())]
+        if problems:
+            return True, "watching NodeAgentConfig objects (" + "; ".join(problems) + ")"
         condition = self.controller.condition()
         return True, f"{condition.reason}: {condition.message}"
 
