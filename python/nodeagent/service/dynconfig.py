@@ -20,6 +20,7 @@ from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.model import ObjectMap, Query
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.config.loader import Override, apply_overrides, read_config_file
+from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig.controller import (
     Assignment,
@@ -266,17 +267,19 @@ class DynconfigComponent:
         )
 
     async def _write_conditions(self) -> None:
+        # A refused write (RBAC without nodes/status) is retried with backoff, not per change.
+        backoff = Backoff(1.0, 60.0)
         while True:
             changed = self.controller.changed
             condition = self.controller.condition()
             if condition != self.written:
                 await self._patch_condition(condition)
+                if self.condition_error is not None:
+                    await trio.sleep(backoff.next())
+                    continue
+                backoff.reset()
             if self.controller.condition() == self.written:
                 await changed.wait()
-            else:
-                # The write failed, or the condition moved meanwhile: look again shortly.
-                with trio.move_on_after(1.0):
-                    await changed.wait()
 
     async def _patch_condition(self, condition: Condition) -> None:
         try:
