@@ -40,10 +40,10 @@ from nodeagent.kube.models import ConfigMap, ObjectMeta
 from nodeagent.kube.watch import FeedResult, WatchRequest, WatchSink, run_watch
 from tests.integration.conftest import client_for, core_event
 from tests.support.apiserver import ApiServer
+from tests.support.resources import ROLEBINDINGS, ROLES, SECRETS
 
 pytestmark = pytest.mark.integration
 
-SECRETS = Resource(group="", version="v1", plural="secrets", kind="Secret", namespaced=True)
 GROUP = "acc.nodeagent.io"
 # Watches that end and reconnect within seconds.
 FAST_WATCH = WatchOptions(server_timeout=(1, 1), backoff=(0.05, 0.2))
@@ -608,18 +608,6 @@ async def test_recreated_while_the_watch_was_away_is_a_delete_and_an_add(
         ("delete", "e1", before.metadata.uid),
         ("add", "e1", after.metadata.uid),
     ]
-
-
-ROLES = Resource(
-    group="rbac.authorization.k8s.io", version="v1", plural="roles", kind="Role", namespaced=True
-)
-ROLEBINDINGS = Resource(
-    group="rbac.authorization.k8s.io",
-    version="v1",
-    plural="rolebindings",
-    kind="RoleBinding",
-    namespaced=True,
-)
 
 
 def _cm_reader_binding() -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from nodeagent.kube import NODES, ClusterConfig, KubeClient, Resource, errors
+from nodeagent.kube import NODES, ClusterConfig, KubeClient, errors
 from tests.support.apiserver import ApiServer
 from tests.support.crds import (
     CNR,
@@ -22,6 +22,7 @@ from tests.support.crds import (
     install_cnr_crd,
     until_cnr_access_enforced,
 )
+from tests.support.resources import PODS
 
 NODEAGENT_YAML = REPO_ROOT / "deploy" / "kubernetes" / "nodeagent.yaml"
 POLICY = "nodeagent-cnr-own-node-sa"
@@ -29,7 +30,6 @@ NAMESPACE = SERVICE_ACCOUNT = "nodeagent"
 NODE = "ds-node-1"  # not a harness identity: only the token names it
 OTHER = "ds-node-2"
 POD = "nodeagent-ds-test"
-PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 MANAGER = "nodeagent"
 STATUS = {"topologyPolicy": "None"}
 

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import trio
 
-from nodeagent.kube import KubeClient, Resource, errors
+from nodeagent.kube import KubeClient, errors
 from tests.integration.conftest import client_for
 from tests.support.apiserver import ApiServer
 from tests.support.crds import (
@@ -25,23 +25,10 @@ from tests.support.crds import (
     install_cnr_crd,
     install_cnr_node_access,
 )
+from tests.support.resources import CLUSTERROLEBINDINGS, CLUSTERROLES
 
 MANAGER = "nodeagent"
 STATUS = {"topologyPolicy": "None", "resources": {"allocatable": {"cpu": "2"}}}
-CLUSTER_ROLES = Resource(
-    group="rbac.authorization.k8s.io",
-    version="v1",
-    plural="clusterroles",
-    kind="ClusterRole",
-    namespaced=False,
-)
-CLUSTER_ROLE_BINDINGS = Resource(
-    group="rbac.authorization.k8s.io",
-    version="v1",
-    plural="clusterrolebindings",
-    kind="ClusterRoleBinding",
-    namespaced=False,
-)
 
 
 @pytest.fixture
@@ -183,24 +170,24 @@ async def test_the_policy_also_guards_delete(access: KubeClient, node_client: Ku
     binding = {
         "metadata": {"name": "test-cnr-delete"},
         "roleRef": {
-            "apiGroup": CLUSTER_ROLES.group,
+            "apiGroup": CLUSTERROLES.group,
             "kind": "ClusterRole",
             "name": "test-cnr-delete",
         },
         "subjects": [
-            {"apiGroup": CLUSTER_ROLES.group, "kind": "User", "name": "system:node:node-a"}
+            {"apiGroup": CLUSTERROLES.group, "kind": "User", "name": "system:node:node-a"}
         ],
     }
-    await access.create(CLUSTER_ROLES, role)
-    await access.create(CLUSTER_ROLE_BINDINGS, binding)
+    await access.create(CLUSTERROLES, role)
+    await access.create(CLUSTERROLEBINDINGS, binding)
     try:
         refused = await _policy_refusal_of_delete(node_client, "node-b")
         _assert_refused(refused, "system:node:node-a", "node-b")
         await access.get(CNR, "node-b")  # still there (NotFound otherwise)
         assert await node_client.delete(CNR, "node-a") is None
     finally:
-        await access.delete(CLUSTER_ROLE_BINDINGS, "test-cnr-delete")
-        await access.delete(CLUSTER_ROLES, "test-cnr-delete")
+        await access.delete(CLUSTERROLEBINDINGS, "test-cnr-delete")
+        await access.delete(CLUSTERROLES, "test-cnr-delete")
 
 
 async def _policy_refusal_of_delete(node_client: KubeClient, name: str) -> errors.ApiError:

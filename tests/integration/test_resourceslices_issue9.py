@@ -25,7 +25,6 @@ from nodeagent.kube import (
     load_kubeconfig,
 )
 from nodeagent.kube.models import Node
-from nodeagent.kube.resource import Resource
 from nodeagent.resources import metrics
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.resources import ResourcesComponent
@@ -41,28 +40,12 @@ from tests.integration.test_resourceslices import (
 )
 from tests.integration.test_resourceslices_checklist import api_writes, settle
 from tests.support.apiserver import ApiServer
+from tests.support.resources import CLUSTERROLEBINDINGS, CLUSTERROLES, SERVICEACCOUNTS
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin"]  # fixture, re-used
 
 NODE_OBJ = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
-_SERVICEACCOUNTS = Resource(
-    group="", version="v1", plural="serviceaccounts", kind="ServiceAccount", namespaced=True
-)
-_CLUSTERROLES = Resource(
-    group="rbac.authorization.k8s.io",
-    version="v1",
-    plural="clusterroles",
-    kind="ClusterRole",
-    namespaced=False,
-)
-_CLUSTERROLEBINDINGS = Resource(
-    group="rbac.authorization.k8s.io",
-    version="v1",
-    plural="clusterrolebindings",
-    kind="ClusterRoleBinding",
-    namespaced=False,
-)
 
 
 async def node_uid(admin: KubeClient) -> str:
@@ -259,13 +242,13 @@ async def blind_client(apiserver: ApiServer, admin: KubeClient) -> AsyncIterator
     sa = "nodeagent-blind"
     objects: list[tuple[Any, str, str | None, dict[str, Any]]] = [
         (
-            _SERVICEACCOUNTS,
+            SERVICEACCOUNTS,
             sa,
             "default",
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": sa}},
         ),
         (
-            _CLUSTERROLES,
+            CLUSTERROLES,
             sa,
             None,
             {
@@ -276,7 +259,7 @@ async def blind_client(apiserver: ApiServer, admin: KubeClient) -> AsyncIterator
             },
         ),
         (
-            _CLUSTERROLEBINDINGS,
+            CLUSTERROLEBINDINGS,
             sa,
             None,
             {
@@ -297,7 +280,7 @@ async def blind_client(apiserver: ApiServer, admin: KubeClient) -> AsyncIterator
             await admin.create(resource, body, namespace)
     answer = await admin.request(
         "POST",
-        _SERVICEACCOUNTS.path("default", sa) + "/token",
+        SERVICEACCOUNTS.path("default", sa) + "/token",
         body=msgspec.json.encode(
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}}
         ),

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import trio
 
-from nodeagent.kube import CORE_EVENTS, NODES, KubeClient, Resource, errors
+from nodeagent.kube import CORE_EVENTS, NODES, KubeClient, errors
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
 from tests.process.test_process_resourceslices import until
@@ -31,17 +31,11 @@ from tests.support.nodeagentconfig import (
     install_nodeagentconfig_crd,
     nodeagentconfig,
 )
+from tests.support.resources import CRDS
 
 apiserver = apiserver_fixture(scope="module", nodes=("node-a", "node-b", "node-c"))
 
 ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
-CRDS = Resource(
-    group="apiextensions.k8s.io",
-    version="v1",
-    plural="customresourcedefinitions",
-    kind="CustomResourceDefinition",
-    namespaced=False,
-)
 
 
 async def _prepare(apiserver: ApiServer, node: str) -> None:
