@@ -59,8 +59,10 @@ def test_standalone_serves_the_merged_cnr(
     agent.wait_ready()
 
     def merged() -> dict[str, Any] | None:
+        # The plugin is listed as soon as it registers; its fields once its first report is in.
         doc: dict[str, Any] = json.loads(agent.get("/v1/cnr")[1])
-        return doc if "zones" in doc["plugins"] else None
+        status = (doc.get("cnr") or {}).get("status") or {}
+        return doc if "zones" in doc["plugins"] and "topologyPolicy" in status else None
 
     doc = until(merged, "the plugin's report on /v1/cnr")
     assert doc["mode"] == "standalone" and "sync" not in doc
