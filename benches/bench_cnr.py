@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import trio
 
-from benches.report import print_uncaptured
+from benches.report import client_for, percentile, print_uncaptured
 from nodeagent.accumulator import AccumulatorSettings
-from nodeagent.kube import KubeClient, WatchRequest, load_kubeconfig, run_watch
+from nodeagent.kube import KubeClient, WatchRequest, run_watch
 from nodeagent.plugins import PluginManager
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.cnr import CNR_RESOURCE, FIELD_MANAGER
@@ -145,15 +145,6 @@ def test_merge_katalyst(benchmark: Any) -> None:
 
 
 # --- push -> visible ---
-
-
-def client_for(srv: ApiServer, identity: str) -> KubeClient:
-    return KubeClient(load_kubeconfig(str(srv.kubeconfig(identity))), qps=1000.0, burst=2000)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Visible(EventSink):

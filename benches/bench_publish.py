@@ -34,7 +34,7 @@ import pytest
 import trio
 import trio.testing
 
-from benches.report import print_uncaptured
+from benches.report import client_for, percentile, print_uncaptured
 from nodeagent.accumulator import Accumulator
 from nodeagent.kube import (
     NODES,
@@ -42,7 +42,6 @@ from nodeagent.kube import (
     KubeClient,
     WatchRequest,
     errors,
-    load_kubeconfig,
     run_watch,
 )
 from nodeagent.plugins import PluginManager
@@ -67,15 +66,6 @@ TIMEOUT = 60.0
 __all__ = ["grpcio_modules"]  # the fixture, re-used
 apiserver = apiserver_fixture(scope="module", name="apiserver")
 RESULTS: dict[str, dict[str, float]] = {}
-
-
-def client_for(srv: ApiServer, identity: str) -> KubeClient:
-    return KubeClient(load_kubeconfig(str(srv.kubeconfig(identity))), qps=1000.0, burst=2000)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 class Visible(EventSink):
