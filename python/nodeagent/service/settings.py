@@ -97,19 +97,45 @@ class OpsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enabled: bool = True
     # Loopback by default: the endpoint has no authentication. Port 0 picks a free port (tests).
     address: str = "127.0.0.1:9464"
+    # "" = off. A second listener serving only /healthz, /readyz and /metrics, so a DaemonSet can
+    # keep the debug views on loopback and expose only what probes and scrapers need.
+    public_address: str = ""
+    # Time to write the response (and let the close linger).
     request_timeout: float = 5.0
+    # The whole request head must arrive within head_timeout, and no read may wait longer than
+    # read_timeout (slowloris clients and idle connections are closed with 408).
+    head_timeout: float = 3.0
+    read_timeout: float = 1.0
     max_header_bytes: int = 8192
+    # Ordinary connection slots per listener; idle ones are evicted (oldest first) when full.
     max_connections: int = 64
+    # Further slots per listener kept for /healthz and /readyz when every ordinary one is busy.
+    probe_connections: int = 8
 
     def validate(self) -> None:
-        try:
-            parse_address(self.address)
-        except ValueError as exc:
-            raise ConfigError("ops.address", self.address, str(exc)) from None
+        for name, address in (("address", self.address), ("public_address", self.public_address)):
+            if name == "public_address" and not address:
+                continue
+            try:
+                parse_address(address)
+            except ValueError as exc:
+                raise ConfigError(f"ops.{name}", address, str(exc)) from None
         _positive("ops.request_timeout", self.request_timeout, maximum=300)
+        _positive("ops.head_timeout", self.head_timeout, maximum=300)
+        _positive("ops.read_timeout", self.read_timeout, maximum=300)
+        if self.read_timeout > self.head_timeout:
+            raise ConfigError(
+                "ops.read_timeout",
+                self.read_timeout,
+                f"must be <= ops.head_timeout ({self.head_timeout:g})",
+            )
         if not 1024 <= self.max_header_bytes <= 1024 * 1024:
             raise ConfigError(
                 "ops.max_header_bytes", self.max_header_bytes, "must be in 1024..1048576"
             )
         if not 1 <= self.max_connections <= 10000:
             raise ConfigError("ops.max_connections", self.max_connections, "must be in 1..10000")
+        if not 1 <= self.probe_connections <= 1000:
+            raise ConfigError(
+                "ops.probe_connections", self.probe_connections, "must be in 1..1000"
+            )
