@@ -68,6 +68,8 @@ class ApplyResultLike(Protocol):
     def applied(self) -> bool: ...
     @property
     def vetoes(self) -> Sequence[tuple[str, str]]: ...
+    @property
+    def changed(self) -> Sequence[str]: ...
 
 
 class HubLike(Protocol[C_contra]):
@@ -128,6 +130,10 @@ class Trial(msgspec.Struct, frozen=True, kw_only=True):
     hash: str
     name: str
     started_at: float  # wall clock, for the status
+    # What is on trial: the remote config (`hash`, not yet last-known-good), a reloaded file
+    # (`file_hash`, SIGHUP), or both; a rollback reverts both and marks both bad.
+    remote: bool = True
+    file_hash: str = ""
 
 
 class State(msgspec.Struct, kw_only=True):
@@ -142,6 +148,9 @@ class State(msgspec.Struct, kw_only=True):
     trial: Trial | None = None
     # The last time the apiserver confirmed the assignment: the checkpoint grace counts from it.
     confirmed_at: float | None = None
+    # A reloaded file rolled back during its trial: a reload of the same content is refused
+    # until the file changes.
+    bad_file: Bad | None = None
 
 
 # ---- status --------------------------------------------------------------------------------
@@ -259,12 +268,22 @@ class Controller(Generic[C]):
         self.hub: HubLike[C] | None = None
         self.state = State()
         self.active = Known(hash=LOCAL_HASH, name="local")
+        # Where the active config came from (local, remote, checkpoint) and since when (wall).
+        self.active_source = ""
+        self.active_since = wall()
         self.boot_source = "defaults"
         self.boot_reason = "not booted"
         self.trial_deadline: float | None = None  # trio time
         self.condition_ = Condition(True, "Local", "running the local config")
         self.changed = trio.Event()
         self.health = HealthTracker(settings)
+        # The local file (and flags) the running config is built from, by hash; while a reload
+        # is on trial, `_file_undo` restores the file it replaced (the rollback target) and
+        # `on_file_rollback` tells the reload's owner why it was undone.
+        self.file_hash = ""
+        self._proven_file = ""
+        self._file_undo: Callable[[], None] | None = None
+        self.on_file_rollback: Callable[[str], None] = lambda message: None
 
     # -- boot --
 
@@ -276,10 +295,16 @@ class Controller(Generic[C]):
             return self._boot_local("defaults", loaded)
         self.state = loaded
         now = self.wall()
+        if self.state.trial is not None and not self.state.trial.remote:
+            self._died_on_file_trial(self.state.trial)
+            self.state.trial = None
+            self._save()
         if self.state.trial is not None:
             # The process died during a trial: that config is what killed it.
             trial = self.state.trial
             self.state.trial = None
+            if trial.file_hash:
+                self._died_on_file_trial(trial)
             key = self.state.assigned.object_key if self.state.assigned else ""
             self._mark_bad(trial.hash, key, trial.name, "crash", "the agent died during its trial")
             ROLLBACKS.inc()
@@ -306,6 +331,19 @@ class Controller(Generic[C]):
             return result
         return self._boot_from_lkg("checkpoint", "checkpointed last-known-good", now)
 
+    def _died_on_file_trial(self, trial: Trial) -> None:
+        # Unlike a remote config, the file is not rolled back at start: a start reads the file
+        # the operator wrote (and refuses an invalid one); a reload of the same content is
+        # refused until the file changes.
+        reason = "the agent died during its trial"
+        self.state.bad_file = _bad_file(trial.file_hash, "crash", reason, self.wall())
+        message = (
+            f"{_describe_file(trial.file_hash)}: {reason}; started again on the file as it is "
+            "now (a reload of the same file is refused until it changes)"
+        )
+        log.warning("dynconfig file trial died", hash=trial.file_hash)
+        self.on_event(ConfigEvent("Warning", "ConfigTrialFailed", message))
+
     def _boot_from_lkg(self, source: str, reason: str, now: float) -> BootResult[C]:
         lkg = self.state.lkg
         if lkg is None or lkg.config is None:
@@ -325,7 +363,7 @@ class Controller(Generic[C]):
             config = self.build(lkg.config)
         except ConfigError as exc:
             return self._boot_local("defaults", f"checkpointed config invalid: {exc}")
-        self._set_active(lkg)
+        self._set_active(lkg, source="checkpoint")
         self.boot_source, self.boot_reason = source, f"{reason} ({age:.0f}s old)"
         self.condition_ = Condition(
             True, "Checkpoint", f"running {_describe(lkg.name, lkg.hash)} from the checkpoint"
@@ -415,7 +453,14 @@ class Controller(Generic[C]):
             self._switch(
                 Known(hash=LOCAL_HASH, name="local"), "no NodeAgentConfig targets the node"
             )
-        self._end_trial()
+        trial = self.state.trial
+        if trial is not None and trial.file_hash:
+            # A reloaded file stays on trial; only the remote part of the trial ended.
+            self.state.trial = msgspec.structs.replace(
+                trial, hash=LOCAL_HASH, name="local", remote=False
+            )
+        else:
+            self._end_trial()
         self.state.lkg, self.state.lkg_at = None, self.wall()
         LKG_INFO.clear()
         self._save()
@@ -442,7 +487,13 @@ class Controller(Generic[C]):
             )
             self.state.lkg_at = self.wall()
         self._set_active(Known(hash=target.hash, name=target.name, config=target.config))
-        self.state.trial = Trial(hash=target.hash, name=target.name, started_at=self.wall())
+        running = self.state.trial
+        self.state.trial = Trial(
+            hash=target.hash,
+            name=target.name,
+            started_at=self.wall(),
+            file_hash=running.file_hash if running is not None else "",
+        )
         self.trial_deadline = trio.current_time() + self.settings.trial_duration
         self.health.start(reports)
         self._save()
@@ -484,31 +535,113 @@ class Controller(Generic[C]):
             self._promote(trial)
 
     def _promote(self, trial: Trial) -> None:
-        self.state.lkg, self.state.lkg_at = self.active, self.wall()
+        if trial.remote:
+            self.state.lkg, self.state.lkg_at = self.active, self.wall()
+        if trial.file_hash:
+            self._proven_file, self._file_undo = trial.file_hash, None
         self._end_trial()
         self._save()
         log.info("dynconfig promoted", name=trial.name, hash=trial.hash)
         self._refresh_condition()
 
     def _rollback(self, trial: Trial, reason: str) -> None:
-        key = self.state.assigned.object_key if self.state.assigned else ""
-        self._mark_bad(trial.hash, key, trial.name, "unhealthy", reason)
+        target = self.active
+        if trial.remote:
+            key = self.state.assigned.object_key if self.state.assigned else ""
+            self._mark_bad(trial.hash, key, trial.name, "unhealthy", reason)
+            target = self.state.lkg or Known(hash=LOCAL_HASH, name="local")
+        if trial.file_hash:
+            # The file the running config replaced is built again (with the remote target).
+            self.state.bad_file = _bad_file(trial.file_hash, "unhealthy", reason, self.wall())
+            if self._file_undo is not None:
+                self._file_undo()
+            self.file_hash, self._file_undo = self._proven_file, None
         self._end_trial()
         ROLLBACKS.inc()
-        target = self.state.lkg or Known(hash=LOCAL_HASH, name="local")
-        applied = self._switch(target, f"rollback of {_describe(trial.name, trial.hash)}")
+        subject = _describe_trial(trial)
+        applied = self._switch(target, f"rollback of {subject}")
         self._save()
         message = (
-            f"{_describe(trial.name, trial.hash)} rolled back: {reason}; running "
+            f"{subject} rolled back: {reason}; running "
             f"{_describe(self.active.name, self.active.hash)}"
         )
+        if trial.file_hash:
+            message += f" with {_describe_file(self.file_hash)}"
         if not applied:
             message += f" (the rollback to {_describe(target.name, target.hash)} failed)"
-        log.warning("dynconfig rolled back", name=trial.name, hash=trial.hash, reason=reason)
+        log.warning(
+            "dynconfig rolled back",
+            name=trial.name,
+            hash=trial.hash,
+            file=trial.file_hash,
+            reason=reason,
+        )
         self.on_event(ConfigEvent("Warning", "ConfigRolledBack", message))
         self.condition_ = Condition(False, "RolledBack", message)
+        if trial.file_hash:
+            self.on_file_rollback(message)
         self.changed.set()
         self.changed = trio.Event()
+
+    # -- a reloaded local file (SIGHUP) --
+
+    def propose_local(
+        self,
+        file_hash: str,
+        undo: Callable[[], None],
+        reports: Sequence[ComponentHealth] = (),
+    ) -> tuple[str, str]:
+        """The file was re-read: the builder now builds from it (`file_hash`), and `undo`
+        restores the file the running config was built from. Apply it under the active remote
+        overlay, on trial like a remote change: the running config is the rollback target.
+        Returns (result, message), result one of applied, unchanged, invalid, refused; anything
+        but applied has been undone."""
+        bad = self.state.bad_file
+        if bad is not None and bad.hash != file_hash:
+            self.state.bad_file = None  # the file changed: what failed is forgotten
+        elif bad is not None:
+            undo()
+            return "refused", (
+                f"{_describe_file(file_hash)} was rolled back ({bad.kind}: {bad.reason}); "
+                "not retried until the file changes"
+            )
+        try:
+            config = self.build(self.active.config)
+        except ConfigError as exc:
+            undo()
+            return "invalid", str(exc)
+        assert self.hub is not None, "attach(hub) before propose_local()"
+        result = self.hub.propose(config, "SIGHUP")
+        if not result.applied:
+            undo()
+            return "refused", "; ".join(f"{who}: {why}" for who, why in result.vetoes)
+        previous, self.file_hash = self.file_hash, file_hash
+        if not result.changed:
+            self._save()
+            return "unchanged", "no field changed"
+        running = self.state.trial
+        if running is None or not running.file_hash:
+            # The first reload on trial: the file before it is what a rollback restores
+            # (a later reload during the trial keeps that target).
+            self._proven_file, self._file_undo = previous, undo
+        self.state.trial = Trial(
+            hash=self.active.hash,
+            name=self.active.name,
+            started_at=self.wall(),
+            remote=running is not None and running.remote,
+            file_hash=file_hash,
+        )
+        self.trial_deadline = trio.current_time() + self.settings.trial_duration
+        self.health.start(reports)
+        self._save()
+        message = (
+            f"changed: {', '.join(result.changed)}; on trial for {self.settings.trial_duration:g}s"
+        )
+        self.on_event(
+            ConfigEvent("Normal", "ConfigApplied", f"{_describe_file(file_hash)} {message}")
+        )
+        self._refresh_condition()
+        return "applied", message
 
     def _switch(self, target: Known, source: str) -> bool:
         assert self.hub is not None, "attach(hub) before assign()"
@@ -561,8 +694,11 @@ class Controller(Generic[C]):
             Bad(hash=hash_, object_key=key, name=name, kind=kind, reason=reason, at=self.wall()),
         ]
 
-    def _set_active(self, known: Known) -> None:
+    def _set_active(self, known: Known, source: str = "") -> None:
+        if known != self.active or not self.active_source:
+            self.active_since = self.wall()
         self.active = known
+        self.active_source = source or ("local" if known.hash == LOCAL_HASH else "remote")
         set_info(ACTIVE_INFO, hash=known.hash, name=known.name)
         lkg = self.state.lkg
         if lkg is None:
@@ -589,7 +725,8 @@ class Controller(Generic[C]):
         assigned = self.state.assigned
         active = _describe(self.active.name, self.active.hash)
         if self.state.trial is not None:
-            self.condition_ = Condition(True, "OnTrial", f"{active} applied, on trial")
+            subject = _describe_trial(self.state.trial)
+            self.condition_ = Condition(True, "OnTrial", f"{subject} applied, on trial")
         elif assigned is None:
             self.condition_ = Condition(
                 True, "Local", "no NodeAgentConfig targets the node; running the local config"
@@ -600,7 +737,7 @@ class Controller(Generic[C]):
     def condition(self) -> Condition:
         return self.condition_
 
-    def status(self) -> dict[str, object]:
+    def status(self) -> dict[str, Any]:
         """The /v1/config view: assigned / active / last-known-good and why they differ."""
         assigned = self.state.assigned
         lkg = self.state.lkg
@@ -616,6 +753,15 @@ class Controller(Generic[C]):
                 f"active {self.active.hash} not last-known-good: "
                 + ("on trial" if self.state.trial else "not promoted")
             )
+        trial = self.state.trial
+        if trial is not None and trial.file_hash:
+            differ.append(f"the reloaded config file (hash {trial.file_hash}) on trial")
+        bad_file = self.state.bad_file
+        if bad_file is not None:
+            differ.append(
+                f"the config file (hash {bad_file.hash}) rolled back ({bad_file.kind}: "
+                f"{bad_file.reason}); a reload is retried once the file changes"
+            )
         return {
             "boot": {"source": self.boot_source, "reason": self.boot_reason},
             "assigned": None
@@ -625,14 +771,32 @@ class Controller(Generic[C]):
                 "uid": assigned.uid,
                 "generation": assigned.generation,
                 "hash": assigned.hash,
+                "since": _stamp(self.state.assigned_at),
             },
-            "active": {"name": self.active.name, "hash": self.active.hash},
-            "last_known_good": None if lkg is None else {"name": lkg.name, "hash": lkg.hash},
+            "active": {
+                "name": self.active.name,
+                "hash": self.active.hash,
+                "source": self.active_source,
+                "since": _stamp(self.active_since),
+            },
+            "last_known_good": None
+            if lkg is None
+            else {"name": lkg.name, "hash": lkg.hash, "since": _stamp(self.state.lkg_at)},
+            "file": {
+                "hash": self.file_hash,
+                "on_trial": trial is not None and bool(trial.file_hash),
+                "rolled_back": None
+                if bad_file is None
+                else {"hash": bad_file.hash, "kind": bad_file.kind, "reason": bad_file.reason},
+            },
             "trial": None
-            if self.state.trial is None
+            if trial is None
             else {
-                "name": self.state.trial.name,
-                "hash": self.state.trial.hash,
+                "name": trial.name,
+                "hash": trial.hash,
+                "remote": trial.remote,
+                "file_hash": trial.file_hash or None,
+                "since": _stamp(trial.started_at),
                 "remaining": None
                 if self.trial_deadline is None
                 else max(0.0, self.trial_deadline - trio.current_time()),
@@ -665,3 +829,22 @@ def _describe(name: str, hash_: str) -> str:
     if hash_ == LOCAL_HASH:
         return "the local config"
     return f"NodeAgentConfig {name} (hash {hash_})"
+
+
+def _stamp(at: float | None) -> str | None:
+    return None if at is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _describe_file(hash_: str) -> str:
+    return f"the config file (hash {hash_})"
+
+
+def _describe_trial(trial: Trial) -> str:
+    parts = [_describe(trial.name, trial.hash)] if trial.remote else []
+    if trial.file_hash:
+        parts.append("the reloaded " + _describe_file(trial.file_hash)[4:])
+    return " and ".join(parts)
+
+
+def _bad_file(hash_: str, kind: str, reason: str, at: float) -> Bad:
+    return Bad(hash=hash_, object_key="file", name="file", kind=kind, reason=reason, at=at)

@@ -44,6 +44,7 @@ from nodeagent.service.ops import OpsServer
 from nodeagent.service.reporter import ReporterComponent, cnr_summary
 from nodeagent.service.resources import ResourcesComponent, slice_summary
 from nodeagent.service.sdnotify import Notifier
+from nodeagent.service.status import config_document
 from nodeagent.service.supervisor import ComponentReport, Supervisor
 
 log = get_logger(__name__)
@@ -103,6 +104,10 @@ class Agent:
                 self.builder,
                 config_hash,
                 on_event=self.dynconfig_events,
+            )
+            self.controller.file_hash = self.builder.file_hash
+            self.controller.on_file_rollback = lambda message: self._reloaded(
+                "rolled_back", message
             )
             config = self.controller.boot().config
         self.hub = ConfigHub(config)
@@ -196,11 +201,24 @@ class Agent:
     def reload(self) -> None:
         """Re-read the config file and propose it; anything wrong keeps the running config and
         is logged, counted and shown in /v1/status (`config_reload`)."""
-        if self.reloader is None and self.controller is None:
+        if self.controller is not None and self.builder is not None:
+            # On trial like a remote change, under the active remote overlay (which stays);
+            # a rollback reports through `on_file_rollback`.
+            try:
+                undo = self.builder.reread()
+            except ConfigError as exc:
+                self._reloaded("invalid", str(exc))
+                return
+            self._reloaded(
+                *self.controller.propose_local(self.builder.file_hash, undo, self.readiness())
+            )
+            return
+        if self.reloader is None:
             self._reloaded("unsupported", "no config file to re-read (started without reload)")
             return
+        # dynconfig.enabled = false: applied directly, without a trial.
         try:
-            new = self._reread()
+            new = self.reloader()
         except ConfigError as exc:
             self._reloaded("invalid", str(exc))
             return
@@ -212,20 +230,14 @@ class Agent:
         else:
             self._reloaded("unchanged", "no field changed")
 
-    def _reread(self) -> Config:
-        if self.controller is None or self.builder is None:
-            assert self.reloader is not None
-            return self.reloader()
-        # The file and flags change under the active remote overlay, which stays.
-        self.builder.reread()
-        return self.controller.build(self.controller.active.config)
-
     def _reloaded(self, result: str, message: str) -> None:
         CONFIG_RELOADS.labels(result=result).inc()
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         self.last_reload = {"result": result, "message": message, "time": at}
         if result in ("applied", "unchanged"):
             log.info("config reloaded", result=result, message=message)
+        elif result == "rolled_back":
+            log.error("reloaded config rolled back after its trial", error=message)
         else:
             log.error("config reload failed; running config kept", result=result, error=message)
 
@@ -288,6 +300,14 @@ class Agent:
                 if self.config.ops.enabled:
                     await root.start(self.ops.run)
                 await root.start(self.supervisor.run)
+                if self.controller is not None and self.dynconfig_component is None:
+                    # Standalone (or no CRD client): the trials of reloaded files still run;
+                    # outcomes are logged, counted and shown in status (no condition, no Event).
+                    root.start_soon(
+                        self.controller.run_trials,
+                        self.readiness,
+                        lambda: self.heartbeat.liveness()[1],
+                    )
                 self.started_at = trio.current_time()
                 BUILD_INFO.info(
                     {
@@ -373,7 +393,8 @@ class Agent:
         return self.reporter_component.view()
 
     def effective_config(self) -> dict[str, Any]:
-        return to_builtins(self.config)
+        """/v1/config: the configuration in force and where it came from."""
+        return config_document(to_builtins(self.config), self.dynconfig())
 
     def dynconfig(self) -> dict[str, Any] | None:
         """assigned / active / last-known-good and why they differ (None: not enabled)."""

@@ -30,7 +30,7 @@ from nodeagent.dynconfig.controller import (
     Controller,
     condition_patch,
 )
-from nodeagent.dynconfig.overlay import overlay_raw
+from nodeagent.dynconfig.overlay import config_hash, overlay_raw
 from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
 from nodeagent.kube import CORE_EVENTS, NODES
 from nodeagent.kube.client import KubeClient
@@ -61,11 +61,22 @@ class ConfigBuilder:
         raw, _ = read_config_file(self.path)
         return apply_overrides(raw, self.overrides)
 
-    def reread(self) -> None:
-        """Re-read the file (ConfigError: the previous file stays in use)."""
+    def reread(self) -> Callable[[], None]:
+        """Re-read the file (ConfigError: the previous file stays in use); returns the undo
+        that puts the previous file back (a reload refused or rolled back after its trial)."""
         raw = self._read()
         build_config(raw)
-        self.raw = raw
+        previous, self.raw = self.raw, raw
+
+        def undo() -> None:
+            self.raw = previous
+
+        return undo
+
+    @property
+    def file_hash(self) -> str:
+        """The identity of the file and flags in use (shown in status, remembered when bad)."""
+        return config_hash(self.raw)
 
     def __call__(self, remote: Mapping[str, Any] | None) -> Config:
         if not remote:

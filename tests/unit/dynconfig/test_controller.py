@@ -49,6 +49,7 @@ def hasher(remote: Mapping[str, Any]) -> str:
 class Result:
     applied: bool
     vetoes: list[tuple[str, str]] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -61,8 +62,9 @@ class FakeHub:
         self.proposals.append((new, source))
         if self.veto is not None and new.get("interval") == 99:
             return Result(False, [("publisher", self.veto)])
+        changed = sorted(k for k in new if new[k] != self.current.get(k))
         self.current = new
-        return Result(True)
+        return Result(True, changed=changed)
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,7 @@ def test_reload_applies_the_log_level_and_keeps_the_config_on_an_invalid_file(
     assert _count("applied") == applied + 1
     assert logging.getLogger().level == logging.DEBUG
     assert agent.config.plugins.scan_interval == 3.0
-    assert agent.effective_config()["agent"]["log_level"] == "debug"
+    assert agent.effective_config()["effective"]["agent"]["log_level"] == "debug"
     assert agent.last_reload is not None and agent.last_reload["result"] == "applied"
 
     files.next = ConfigError("plugins.scan_interval", -1, "must be a finite number > 0")
