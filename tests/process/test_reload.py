@@ -1,6 +1,8 @@
 """`nodeagent run` reloads its config file on SIGHUP (systemctl reload): dynamic fields apply
-without a restart; an invalid file or a changed static field keeps the running config, says why
-in /v1/status and counts the reload by result."""
+without a restart, on trial; an invalid file or a changed static field keeps the running config,
+says why in /v1/status and counts the reload by result; a reloaded file that makes the agent
+unhealthy during its trial is rolled back to the file it replaced and not retried until the file
+changes (standalone: no apiserver, so the outcome is in the log, metrics and status)."""
 
 from __future__ import annotations
 
@@ -59,8 +61,8 @@ def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_fil
     last = _reload(
         agent, file, base + 'scan_interval = 0.2\n[agent]\nlog_level = "warning"\n', "applied"
     )
-    assert last["message"] == "changed: agent.log_level, plugins.scan_interval"
-    config = _doc(agent, "/v1/config")
+    assert last["message"] == "changed: agent.log_level, plugins.scan_interval; on trial for 600s"
+    config = _doc(agent, "/v1/config")["effective"]
     assert config["plugins"]["scan_interval"] == 0.2
     assert config["agent"]["log_level"] == "warning"
     # Behaviour: a socket created now is found at the new interval, not in an hour.
@@ -71,7 +73,7 @@ def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_fil
 
     last = _reload(agent, file, base + "scan_interval = 'often'\n", "invalid")
     assert "plugins.scan_interval: 'often': expected float, got str" in last["message"]
-    assert _doc(agent, "/v1/config") == config
+    assert _doc(agent, "/v1/config")["effective"] == config
     assert agent.get("/healthz") == (200, "ok\n")
 
     last = _reload(
@@ -81,7 +83,9 @@ def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_fil
         "refused",
     )
     assert last["message"] == "static: agent.node_name is static: restart the agent to change it"
-    assert _doc(agent, "/v1/config") == config  # scan_interval 1.0 was not applied either
+    assert (
+        _doc(agent, "/v1/config")["effective"] == config
+    )  # scan_interval 1.0 was not applied either
 
     metrics = agent.get("/metrics")[1]
     for result in ("applied", "invalid", "refused"):
@@ -93,3 +97,72 @@ def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_fil
     assert "config reload failed" in agent.stderr_text
     assert "shutting down" not in agent.stderr_text
     assert "configuration loaded" in agent.stderr_text  # logged at info before the reload
+
+
+def _metric(agent: AgentProcess, line: str) -> float:
+    for text in agent.get("/metrics")[1].splitlines():
+        if text.startswith(line + " "):
+            return float(text.split()[-1])
+    return 0.0
+
+
+def test_sighup_good_file_survives_its_trial_and_a_bad_one_is_rolled_back(
+    start_agent: StartAgent, tmp_path: Path, registry: Path
+) -> None:
+    base = f'[plugins]\nregistry_dir = "{registry}"\n'
+    trial = "\n[dynconfig]\ntrial_duration = 2.0\nhealth_interval = 0.2\nunready_bound = 0.5\n"
+    # Test hook: a component is not ready while plugins.scan_interval is 0.66 (a "bad" value).
+    agent = start_agent(
+        config=base + "scan_interval = 3.0\n" + trial,
+        env={"NODEAGENT_DEBUG_UNREADY_WHEN": "plugins.scan_interval=0.66"},
+    )
+    agent.wait_ready()
+    file = tmp_path / "config-0.toml"
+    first_hash = _doc(agent, "/v1/config")["dynamic"]["file"]["hash"]
+
+    # A good file: applied on trial, then survives it (the trial ends, no rollback).
+    last = _reload(agent, file, base + "scan_interval = 0.2\n" + trial, "applied")
+    assert last["message"] == "changed: plugins.scan_interval; on trial for 2s"
+    dynamic = _doc(agent, "/v1/config")["dynamic"]
+    assert dynamic["file"]["on_trial"] and dynamic["reason"] == "OnTrial"
+    good_hash = dynamic["file"]["hash"]
+    assert good_hash != first_hash
+    until(
+        lambda: not _doc(agent, "/v1/config")["dynamic"]["file"]["on_trial"],
+        "the good file's trial survived",
+        timeout=15,
+    )
+    doc = _doc(agent, "/v1/config")
+    assert doc["effective"]["plugins"]["scan_interval"] == 0.2
+    assert doc["dynamic"]["trial"] is None and doc["dynamic"]["file"]["rolled_back"] is None
+    assert _metric(agent, "nodeagent_config_rollbacks_total") == 0
+
+    # A bad file: applied on trial, the component turns not ready, rolled back to the good file.
+    bad_text = base + "scan_interval = 0.66\n" + trial
+    _reload(agent, file, bad_text, "applied")
+
+    def rolled_back() -> dict[str, Any] | None:
+        last: dict[str, Any] = _doc(agent, "/v1/status")["config_reload"]
+        return last if last["result"] == "rolled_back" else None
+
+    last = until(rolled_back, "the bad file rolled back", timeout=15)
+    assert "debug-unready not ready" in last["message"], last
+    doc = _doc(agent, "/v1/config")
+    assert doc["effective"]["plugins"]["scan_interval"] == 0.2
+    dynamic = doc["dynamic"]
+    assert dynamic["file"]["hash"] == good_hash
+    assert dynamic["file"]["rolled_back"]["kind"] == "unhealthy"
+    assert dynamic["reason"] == "RolledBack" and "reloaded config file" in dynamic["message"]
+    assert _metric(agent, "nodeagent_config_rollbacks_total") == 1
+    assert _metric(agent, 'nodeagent_config_reloads_total{result="rolled_back"}') == 1
+
+    # The same bad content again: refused without a trial; a changed file is tried again.
+    last = _reload(agent, file, bad_text, "refused")
+    assert "not retried until the file changes" in last["message"]
+    assert _doc(agent, "/v1/config")["effective"]["plugins"]["scan_interval"] == 0.2
+    _reload(agent, file, base + "scan_interval = 0.3\n" + trial, "applied")
+    assert _doc(agent, "/v1/config")["dynamic"]["file"]["rolled_back"] is None
+
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=10) == 0
+    assert "reloaded config rolled back after its trial" in agent.stderr_text

@@ -128,6 +128,8 @@ class Agent:
             config.kube, probe_interval=config.agent.cluster_probe_interval
         )
         self.extra_components = list(extra_components)
+        if (unready := debug.unready_when()) is not None:
+            self.extra_components.append(debug.UnreadyWhen(*unready, lambda: self.config))
         self.supervisor: Supervisor | None = None
         self.plugins_component: PluginsComponent | None = None
         self.resources_component: ResourcesComponent | None = None
