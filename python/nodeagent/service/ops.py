@@ -1,13 +1,16 @@
 """The ops HTTP endpoint: /healthz, /readyz, /metrics and JSON views under /v1/.
 
-Trio-native on `trio.serve_listeners`; each connection gets one bounded request (head size,
-header count, timeout) and one response with `Connection: close`.
+Trio-native on `trio.serve_listeners`; each connection gets one bounded request (h11, head size,
+header count, head and read deadlines) and one response with `Connection: close`. A second,
+optional listener (`ops.public_address`) serves only what probes and scrapers need.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import prometheus_client
@@ -16,15 +19,25 @@ import trio
 from nodeagent.log import get_logger
 from nodeagent.service.component import FatalError
 from nodeagent.service.http import (
+    ClientGone,
+    HeadLimits,
+    HeadTimeout,
     HttpError,
     Request,
-    parse_request_head,
-    read_head,
+    new_connection,
+    read_request,
     render_response,
 )
 from nodeagent.service.metrics import OPS_REQUESTS
+from nodeagent.service.opsconn import (
+    OPS_BAD_REQUESTS,
+    OPS_CONNECTIONS,
+    Connection,
+    ConnectionSlots,
+)
 from nodeagent.service.settings import OpsSettings, parse_address
 from nodeagent.service.supervisor import ComponentReport
+from nodeagent.service.views import json_default, plugins_view
 
 log = get_logger(__name__)
 
@@ -54,7 +67,7 @@ class AgentView(Protocol):
 
 
 def _json(status: int, doc: object) -> Response:
-    return status, (json.dumps(doc, indent=2, default=str) + "\n").encode(), JSON
+    return status, (json.dumps(doc, indent=2, default=json_default) + "\n").encode(), JSON
 
 
 def _text(status: int, text: str) -> Response:
@@ -84,90 +97,180 @@ def readyz_response(reports: list[ComponentReport], request: Request) -> Respons
     return _text(code, "\n".join(lines) + "\n")
 
 
-class OpsServer:
-    """The local HTTP endpoint: owns the listening socket and a route table over an `AgentView`.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+# What the public listener serves: what a kubelet probe and a Prometheus scraper need.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 
-    `run()` listens on `ops.address` (an unusable address is a `FatalError`) and serves each
-    connection in its own task: one bounded request (head size, timeout, connection limit) and
-    one response with `Connection: close`. Handlers only read the view, so a slow client or a
-    failing handler (a 500) never affects the agent; nothing escapes a connection's task.
+
+@dataclass
+class Listener:
+    """One listening address with its own connection slots and the paths it serves."""
+
+    name: str  # "main" or "public": the metrics' listener label
+    setting: str  # the config field, for error messages
+    configured: str
+    slots: ConnectionSlots
+    paths: frozenset[str] | None  # None: every route
+    address: str | None = None
+
+
+class OpsServer:
+    """The local HTTP endpoint: owns the listening sockets and a route table over an `AgentView`.
+
+    `run()` listens on `ops.address` (every route) and, if set, `ops.public_address` (probes and
+    metrics only); an unusable address is a `FatalError`. Each connection is served in its own
+    task: one bounded request (h11 parser, head size, head and read deadlines) and one response
+    with `Connection: close`. Slots per listener (`opsconn`) keep probes answered whatever other
+    clients do. Handlers only read the view, so a slow client or a failing handler (a 500) never
+    affects the agent; nothing escapes a connection's task.
     """
 
     def __init__(self, settings: OpsSettings, view: AgentView) -> None:
         self.settings = settings
         self.view = view
-        self.address: str | None = None
-        self._active = 0
+        self.limits = HeadLimits(
+            max_bytes=settings.max_header_bytes,
+            head_timeout=settings.head_timeout,
+            read_timeout=settings.read_timeout,
+        )
+        self.main = self._listener("main", "ops.address", settings.address, None)
+        self.public = (
+            self._listener("public", "ops.public_address", settings.public_address, PUBLIC_PATHS)
+            if settings.public_address
+            else None
+        )
         self._routes: dict[str, Callable[[Request], Response]] = {
             "/": self._index,
             "/healthz": self._healthz,
             "/readyz": self._readyz,
             "/metrics": self._metrics,
             "/v1/status": lambda _: _json(200, self.view.status()),
-            "/v1/plugins": lambda _: _json(200, self.view.plugins()),
+            "/v1/plugins": lambda _: _json(200, plugins_view(self.view.plugins())),
             "/v1/resourceslices": lambda _: _json(200, self.view.resourceslices()),
             "/v1/cnr": lambda _: _json(200, self.view.cnr()),
             "/v1/config": lambda _: _json(200, self.view.effective_config()),
         }
 
+    def _listener(
+        self, name: str, setting: str, address: str, paths: frozenset[str] | None
+    ) -> Listener:
+        slots = ConnectionSlots(
+            name, self.settings.max_connections, self.settings.probe_connections
+        )
+        return Listener(name, setting, address, slots, paths)
+
+    @property
+    def address(self) -> str | None:
+        """Where the full endpoint listens (None until `run()` has bound it)."""
+        return self.main.address
+
+    @property
+    def public_address(self) -> str | None:
+        return self.public.address if self.public is not None else None
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        host, port = parse_address(self.settings.address)
+        listeners = [self.main] + ([self.public] if self.public is not None else [])
+        bound = [await self._bind(listener) for listener in listeners]
+        async with trio.open_nursery() as nursery:
+            for listener, sockets in zip(listeners, bound, strict=True):
+                nursery.start_soon(
+                    partial(trio.serve_listeners, partial(self._handle, listener), sockets)
+                )
+            task_status.started()
+
+    async def _bind(self, listener: Listener) -> list[trio.SocketListener]:
+        host, port = parse_address(listener.configured)
         try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            sockets = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
             raise FatalError(
-                f"cannot listen on ops.address {self.settings.address}: {exc.strerror or exc}"
+                f"cannot listen on {listener.setting} {listener.configured}: {exc.strerror or exc}"
             ) from exc
-        sock = listeners[0].socket
-        self.address = format_address(sock.getsockname())
-        log.info("ops endpoint listening", address=self.address)
-        task_status.started()
-        await trio.serve_listeners(self._handle, listeners)
+        listener.address = format_address(sockets[0].socket.getsockname())
+        log.info(
+            "ops endpoint listening",
+            listener=listener.name,
+            address=listener.address,
+            paths="all" if listener.paths is None else " ".join(sorted(listener.paths)),
+        )
+        return sockets
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, listener: Listener, stream: trio.SocketStream) -> None:
         # Nothing may escape: an exception here would take down serve_listeners and the agent.
-        self._active += 1
+        conn = listener.slots.admit()
         try:
             async with stream:
-                await self._serve_one(stream)
+                if conn is None:
+                    await self._refuse(stream)
+                    return
+                with conn.scope:
+                    await self._serve_one(listener, conn, stream)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception as exc:
             log.exception("ops connection failed", error=str(exc))
         finally:
-            self._active -= 1
+            if conn is not None:
+                listener.slots.release(conn)
 
-    async def _serve_one(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.SocketStream) -> None:
+        OPS_REQUESTS.labels(path="other", code="503").inc()
+        body = b"too many connections\n"
+        # A short bound: a refused client gets one write attempt, not a slot's worth of time.
+        with trio.move_on_after(min(self.settings.request_timeout, 1.0)):
+            await stream.send_all(render_response(None, 503, body, TEXT))
+
+    async def _serve_one(
+        self, listener: Listener, conn: Connection, stream: trio.SocketStream
+    ) -> None:
+        parser = new_connection(self.limits)
         request: Request | None = None
-        if self._active > self.settings.max_connections:
-            response = _text(503, "too many connections\n")
+        try:
+            request = await read_request(stream, parser, self.limits)
+        except ClientGone:
+            return
+        except HttpError as exc:
+            outcome = "timed_out" if isinstance(exc, HeadTimeout) else None
+            if outcome is not None:
+                OPS_CONNECTIONS.labels(listener=listener.name, outcome=outcome).inc()
+            else:
+                OPS_BAD_REQUESTS.labels(listener=listener.name, reason=exc.reason).inc()
+            response = _text(exc.status, exc.detail + "\n")
         else:
-            with trio.move_on_after(self.settings.request_timeout) as scope:
-                try:
-                    head = await read_head(stream, self.settings.max_header_bytes)
-                    request = parse_request_head(head)
-                    response = self.dispatch(request)
-                except HttpError as exc:
-                    response = _text(exc.status, exc.detail + "\n")
-            if scope.cancelled_caught:
-                response = _text(408, "request timeout\n")
+            listener.slots.busy(conn)
+            response = self._route(listener, conn, request)
         status, body, ctype = response
         path = request.path if request is not None and request.path in self._routes else "other"
         OPS_REQUESTS.labels(path=path, code=str(status)).inc()
         head_only = request is not None and request.method == "HEAD"
         with trio.move_on_after(self.settings.request_timeout):
-            await stream.send_all(render_response(status, body, ctype, head_only=head_only))
+            await stream.send_all(render_response(parser, status, body, ctype, head_only=head_only))
             await stream.send_eof()
+            listener.slots.idle(conn)
             # Lingering close: closing with unread request bytes makes the kernel send a RST,
             # which can destroy the response before the client reads it.
             drained = 0
             while drained < _DRAIN_LIMIT and (chunk := await stream.receive_some(16384)):
                 drained += len(chunk)
 
+    def _route(self, listener: Listener, conn: Connection, request: Request) -> Response:
+        path = request.path.rstrip("/") or "/"
+        if listener.paths is not None and path not in listener.paths:
+            return _text(
+                404, "not found (this listener serves " + ", ".join(sorted(listener.paths)) + ")\n"
+            )
+        if conn.slot == "reserved" and path not in PROBE_PATHS:
+            OPS_BAD_REQUESTS.labels(listener=listener.name, reason="not_probe").inc()
+            return _text(503, "too many connections (reserved for /healthz and /readyz)\n")
+        response = self.dispatch(request)
+        if response[0] == 405:
+            OPS_BAD_REQUESTS.labels(listener=listener.name, reason="method").inc()
+        return response
+
     def dispatch(self, request: Request) -> Response:
         route = self._routes.get(request.path.rstrip("/") or "/")
         if route is None:
-            return _text(404, f"not found: {request.path}\n")
+            return _text(404, f"not found: {printable(request.path)}\n")
         if request.method not in ("GET", "HEAD"):
             return _text(405, "method not allowed (GET, HEAD)\n")
         try:
@@ -192,3 +295,8 @@ class OpsServer:
 
     def _metrics(self, _: Request) -> Response:
         return 200, prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def printable(text: str) -> str:
+    """`text` with control characters escaped, for echoing client input back."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)

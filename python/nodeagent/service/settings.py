@@ -136,6 +136,4 @@ class OpsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not 1 <= self.max_connections <= 10000:
             raise ConfigError("ops.max_connections", self.max_connections, "must be in 1..10000")
         if not 1 <= self.probe_connections <= 1000:
-            raise ConfigError(
-                "ops.probe_connections", self.probe_connections, "must be in 1..1000"
-            )
+            raise ConfigError("ops.probe_connections", self.probe_connections, "must be in 1..1000")
