@@ -33,7 +33,7 @@ from tests.support.nodeagentconfig import (
 )
 from tests.support.resources import CRDS
 
-apiserver = apiserver_fixture(scope="module", nodes=("node-a", "node-b", "node-c"))
+apiserver = apiserver_fixture(scope="module", nodes=("node-a", "node-b", "node-c", "node-d"))
 
 ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
 
@@ -116,7 +116,12 @@ def _put_config(apiserver: ApiServer, name: str, node: str, config: dict[str, An
 
 
 def _start(
-    start_agent: StartAgent, apiserver: ApiServer, node: str, *extra: str, config: str | None = None
+    start_agent: StartAgent,
+    apiserver: ApiServer,
+    node: str,
+    *extra: str,
+    config: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> AgentProcess:
     agent = start_agent(
         "--kubeconfig",
@@ -127,13 +132,14 @@ def _start(
         "dynconfig.health_interval=0.5",
         *extra,
         config=config,
+        env=env,
     )
     agent.wait_ready()
     return agent
 
 
 def _scan_interval(agent: AgentProcess) -> float:
-    value: float = _doc(agent, "/v1/config")["plugins"]["scan_interval"]
+    value: float = _doc(agent, "/v1/config")["effective"]["plugins"]["scan_interval"]
     return value
 
 
@@ -191,7 +197,7 @@ def test_select_apply_condition_events_and_refused_config_kept(
     assert dyn["assigned"]["hash"] == dyn["active"]["hash"]
     assert dyn["trial"]["name"] == "fleet"
     assert dyn["selection"].startswith("naming this node")
-    assert _doc(agent, "/v1/config")["agent"]["log_level"] == "debug"
+    assert _doc(agent, "/v1/config")["effective"]["agent"]["log_level"] == "debug"
     condition = _until_condition(
         apiserver, "node-a", "OnTrial", "the OnTrial condition written with node-a's credentials"
     )
@@ -323,15 +329,61 @@ def test_sighup_under_a_remote_config_keeps_the_overlay(
         return last
 
     reload("[resources]\nmin_sync_interval = 2.5\n", "applied")
-    config = _doc(agent, "/v1/config")
+    config = _doc(agent, "/v1/config")["effective"]
     assert config["resources"]["min_sync_interval"] == 2.5
     assert config["plugins"]["scan_interval"] == 0.45  # the overlay stays over the new file
     assert _dyn(agent)["active"]["name"] == "node-c-conf"
     reload("[resources]\nmin_sync_interval = -1\n", "invalid")
-    config = _doc(agent, "/v1/config")
+    config = _doc(agent, "/v1/config")["effective"]
     assert (config["resources"]["min_sync_interval"], config["plugins"]["scan_interval"]) == (
         2.5,
         0.45,
     )
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
+
+
+def test_remote_config_making_a_component_unhealthy_is_rolled_back_at_run_time(
+    apiserver: ApiServer, start_agent: StartAgent
+) -> None:
+    trio.run(_prepare, apiserver, "node-d")
+    # Test hook: a component is not ready while plugins.scan_interval is 0.77.
+    agent = _start(
+        start_agent,
+        apiserver,
+        "node-d",
+        "--set",
+        "dynconfig.unready_bound=1.0",
+        env={"NODEAGENT_DEBUG_UNREADY_WHEN": "plugins.scan_interval=0.77"},
+    )
+    until(lambda: _dyn(agent)["crd_missing"] is None, "the CRD found")
+    good = {"plugins": {"scan_interval": 0.4}}
+    _put_config(apiserver, "node-d-conf", "node-d", good)
+    until(lambda: _scan_interval(agent) == 0.4, "the first config applied")
+    # Its trial is cut short by a second config; the rollback goes to the last-known-good.
+    lkg = _doc(agent, "/v1/config")["dynamic"]["last_known_good"]
+    assert lkg["hash"] == "local"
+    _put_config(apiserver, "node-d-conf", "node-d", {"plugins": {"scan_interval": 0.77}})
+    condition = _until_condition(apiserver, "node-d", "RolledBack", "the RolledBack condition")
+    assert "debug-unready not ready" in condition["message"], condition
+    assert _scan_interval(agent) == 1.0  # back on the local config, at run time
+    doc = _doc(agent, "/v1/config")
+    dynamic = doc["dynamic"]
+    assert dynamic["active"]["hash"] == "local" and dynamic["reason"] == "RolledBack"
+    assert dynamic["assigned"]["name"] == "node-d-conf"
+    assert any("unhealthy" in line for line in dynamic["differ"]), dynamic["differ"]
+    events = until(
+        lambda: [e for e in _events(apiserver, "node-d") if e["reason"] == "ConfigRolledBack"],
+        "the ConfigRolledBack Event",
+    )
+    assert "debug-unready" in events[0]["message"]
+    metrics = agent.get("/metrics")[1]
+    assert "nodeagent_config_rollbacks_total 1.0" in metrics
+    assert agent.proc.poll() is None  # rolled back without a restart
+    # The bad object is not retried while it stays the same: still the local config.
+    assert _dyn(agent)["active"]["hash"] == "local"
+    # A fixed object (a new generation) is applied again.
+    _put_config(apiserver, "node-d-conf", "node-d", good)
+    until(lambda: _scan_interval(agent) == 0.4, "the fixed config applied")
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=15) == 0
