@@ -146,7 +146,10 @@ class ObjectCache:
             key, rv = head
             if rv:
                 newest = rv
-            if event.type in ("ADDED", "MODIFIED"):
+            if self._listing is not None and event.type in ("ADDED", "MODIFIED"):
+                # A streaming list's initial events are list items: end_list diffs them.
+                self._listing[key] = (rv, bytes(event.object))
+            elif event.type in ("ADDED", "MODIFIED"):
                 known = self.objects.get(key)
                 if known is not None and known[0] == rv:
                     continue  # already seen (a relist or our own write got there first)

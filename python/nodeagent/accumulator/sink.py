@@ -39,6 +39,9 @@ class StoreSink:
         # The list was Forbidden (the error's message): the store is kept empty until a list
         # completes again.
         self.forbidden: str | None = None
+        # A streaming list (initial watch events instead of List pages) had a malformed event:
+        # an object held might be the one we could not read, so the relist deletes nothing.
+        self.initial_malformed = False
 
     async def _run(self, fn: Callable[[bytes], R], data: bytes) -> R:
         if len(data) >= self.thread_threshold:
@@ -48,6 +51,7 @@ class StoreSink:
     async def begin_list(self) -> None:
         self.store.begin_list()
         self.listing = True
+        self.initial_malformed = False
 
     async def list_page(self, page: bytes) -> None:
         try:
@@ -65,7 +69,13 @@ class StoreSink:
             log.error("malformed list item skipped", query=self.query, error=msg)
 
     async def end_list(self, resource_version: str) -> None:
-        gone = self.store.end_list(resource_version)
+        if self.initial_malformed:
+            gone = 0
+            log.error(
+                "malformed initial event: nothing will be deleted by this relist", query=self.query
+            )
+        else:
+            gone = self.store.end_list(resource_version)
         self.listing = False
         if self.synced:
             self.relists += 1
@@ -107,6 +117,8 @@ class StoreSink:
 
     async def feed(self, chunk: bytes) -> FeedResult:
         rv, error, events, malformed = await self._run(self.store.feed, chunk)
+        if malformed and self.listing:
+            self.initial_malformed = True
         for msg in malformed:
             metrics.MALFORMED.labels(self.query, "event").inc()
             log.error("malformed watch event skipped", query=self.query, error=msg)

@@ -60,11 +60,16 @@ class WatchOptions:
     ``server_timeout``: the range the server-side ``timeoutSeconds`` of each watch request is
     drawn from (jittered so that watches opened together do not reconnect together).
     ``backoff``: (initial, max) delay between failing watch or list attempts.
+    ``streaming_list``: how a (re)list is made: "off" pages with LIST; "on" is a streaming
+    list (a watch with ``sendInitialEvents=true``, complete at the ``k8s.io/initial-events-end``
+    bookmark); "auto" streams and falls back to LIST, for the rest of that watch's life, when
+    the server refuses it as unsupported (400, 404, 405, 422).
     """
 
     inactivity_timeout: float = 70.0
     server_timeout: tuple[float, float] = (240.0, 300.0)
     backoff: tuple[float, float] = (0.5, 30.0)
+    streaming_list: Literal["auto", "on", "off"] = "off"
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,3 +50,10 @@ AUTH_REFRESHES = Counter(
     "Credentials reloaded, by source (token_file, exec, client_cert).",
     ["source"],
 )
+WATCH_STREAMING_LISTS = Counter(
+    "nodeagent_watch_streaming_lists_total",
+    "Streaming lists (watch with sendInitialEvents) by resource and result: complete (the "
+    "initial-events-end bookmark came), failed (retried), unsupported (the server refused it; "
+    "with kube.streaming_list = auto the watch lists with LIST from then on).",
+    ["resource", "result"],
+)

@@ -36,6 +36,10 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     watch_inactivity_timeout: float = 70.0
     # Attempts of a unary request (retries of retryable failures included).
     max_attempts: int = 5
+    # How watches (re)list: "auto" streams the list (a watch with sendInitialEvents, the
+    # apiserver's WatchList) and falls back to a paged LIST if the server refuses it; "on"
+    # always streams (a refusal is a failed list, retried); "off" always pages with LIST.
+    streaming_list: Literal["auto", "on", "off"] = "auto"
 
     def validate(self) -> None:
         if self.kubeconfig is not None and not self.kubeconfig:
@@ -85,6 +89,9 @@ def load_client(
         qps=settings.qps,
         burst=settings.burst,
         request_timeout=settings.request_timeout,
-        watch=WatchOptions(inactivity_timeout=settings.watch_inactivity_timeout),
+        watch=WatchOptions(
+            inactivity_timeout=settings.watch_inactivity_timeout,
+            streaming_list=settings.streaming_list,
+        ),
         max_attempts=settings.max_attempts,
     )

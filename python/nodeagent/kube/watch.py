@@ -7,6 +7,14 @@ Forbidden watch (its relist tells whether access was revoked) relists, and then 
 the difference. The loop never parses an event itself: the sink's `FeedResult` tells it the
 newest resourceVersion and any ERROR event.
 
+With `WatchOptions.streaming_list` ("on", or "auto" where the server supports it) a (re)list is
+a streaming list instead (client-go's WatchList): one watch with ``sendInitialEvents=true`` and
+``resourceVersionMatch=NotOlderThan`` whose initial ADDED events are the list, complete at the
+BOOKMARK annotated ``k8s.io/initial-events-end``, and which then goes on as the watch. The
+apiserver serves it from its watch cache object by object instead of building whole List pages
+in memory. Only the bookmark's line is decoded in Python, and only once the marker's bytes were
+found in the stream.
+
 `run_watch(client, WatchRequest(...), sink)` is the one way to watch: the request says what,
 the client's `WatchOptions` say how.
 """
@@ -18,12 +26,18 @@ from dataclasses import dataclass
 from typing import NoReturn, Protocol, runtime_checkable
 
 import httpx
+import msgspec
 import trio
 
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors
 from nodeagent.kube.client import KubeClient, selector_params
-from nodeagent.kube.metrics import WATCH_EVENTS, WATCH_RELISTS, WATCH_RESTARTS
+from nodeagent.kube.metrics import (
+    WATCH_EVENTS,
+    WATCH_RELISTS,
+    WATCH_RESTARTS,
+    WATCH_STREAMING_LISTS,
+)
 from nodeagent.kube.resource import Resource
 from nodeagent.log import get_logger
 
@@ -68,7 +82,9 @@ class WatchSink(Protocol):
         """The list is complete: anything known but not seen since `begin_list` is gone."""
 
     async def feed(self, chunk: bytes) -> FeedResult:
-        """Raw watch body bytes: newline-delimited JSON events, split anywhere across chunks."""
+        """Raw watch body bytes: newline-delimited JSON events, split anywhere across chunks.
+        Between `begin_list` and `end_list` they are a streaming list's initial events (ADDED
+        events, the list's items, in complete lines), instead of List pages."""
 
     async def end_stream(self) -> None:
         """The watch connection ended: drop a partial line."""
@@ -83,8 +99,96 @@ class ListFailureSink(Protocol):
         """The list since the last `begin_list` failed; it is retried in ``retry_in`` s."""
 
 
+INITIAL_EVENTS_END = "k8s.io/initial-events-end"
+_MARKER = INITIAL_EVENTS_END.encode()
+# What a server without streaming lists answers (422 Invalid "sendInitialEvents is forbidden for
+# watch unless the WatchList feature gate is enabled"; 400 from servers that reject the fields).
+_UNSUPPORTED = frozenset({400, 404, 405, 422})
+
+
+class _BookmarkMeta(msgspec.Struct):
+    resource_version: str = msgspec.field(default="", name="resourceVersion")
+    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class _BookmarkObject(msgspec.Struct):
+    metadata: _BookmarkMeta = msgspec.field(default_factory=_BookmarkMeta)
+
+
+class _EventHead(msgspec.Struct):
+    type: str = ""
+    object: _BookmarkObject = msgspec.field(default_factory=_BookmarkObject)
+
+
+_event_head = msgspec.json.Decoder(_EventHead)
+
+
+def find_initial_events_end(lines: bytes) -> tuple[int, str] | None:
+    """In ``lines`` (complete watch event lines): the offset just past the line of the first
+    BOOKMARK annotated ``k8s.io/initial-events-end: "true"``, and its resourceVersion; None if
+    there is none. The marker's bytes in an object (an annotation, a ConfigMap's data) are
+    decoded and skipped: only a BOOKMARK event counts."""
+    pos = 0
+    while (i := lines.find(_MARKER, pos)) >= 0:
+        start = lines.rfind(b"\n", 0, i) + 1
+        end = lines.find(b"\n", i)
+        end = len(lines) if end < 0 else end
+        try:
+            ev = _event_head.decode(lines[start:end])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            ev = None
+        if ev is not None and ev.type == "BOOKMARK":
+            meta = ev.object.metadata
+            if meta.annotations.get(INITIAL_EVENTS_END) == "true" and meta.resource_version:
+                return end + 1, meta.resource_version
+        pos = end + 1
+    return None
+
+
+class _InitialEvents:
+    """Splits a streaming list's bytes at the initial-events-end bookmark. Until then only
+    complete lines go on (so the marker is never cut in two); a line still arriving is held
+    as parts and joined once its end came."""
+
+    def __init__(self) -> None:
+        self._parts: list[bytes] = []
+
+    def push(self, chunk: bytes) -> tuple[bytes, tuple[bytes, str] | None]:
+        """(initial-event bytes to feed now, and once the bookmark came: (the bytes after it,
+        which belong to the watch, and the list's resourceVersion))."""
+        self._parts.append(chunk)
+        if b"\n" not in chunk:
+            return b"", None
+        data = b"".join(self._parts)
+        cut = data.rfind(b"\n") + 1
+        lines, tail = data[:cut], data[cut:]
+        self._parts = [tail] if tail else []
+        found = find_initial_events_end(lines)
+        if found is None:
+            return lines, None
+        end, rv = found
+        rest = lines[end:] + tail
+        self._parts = []
+        return lines[:end], (rest, rv)
+
+
+class UnsupportedStreamingList(errors.KubeError):
+    """The server refused a streaming list as unsupported (kube.streaming_list = "auto" then
+    lists with LIST)."""
+
+    def __init__(self, cause: errors.ApiError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 class _Watch:
-    def __init__(self, client: KubeClient, request: WatchRequest, sink: WatchSink) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        request: WatchRequest,
+        sink: WatchSink,
+        on_synced: Callable[[], None] | None = None,
+    ) -> None:
         self.client = client
         self.options = client.watch_options
         self.request = request
@@ -93,6 +197,19 @@ class _Watch:
         self.rv: str | None = None
         self.healthy = False
         self.retry_after: float | None = None
+        # Lists stream (sendInitialEvents) until "auto" finds the server does not support it.
+        self.streaming = self.options.streaming_list != "off"
+        # A streaming list is under way: its stream has not shown the end bookmark yet.
+        self.listing = False
+        self.synced = False
+        self.on_synced = on_synced
+
+    def listed(self, rv: str) -> None:
+        self.rv = rv
+        if not self.synced:
+            self.synced = True
+            if self.on_synced is not None:
+                self.on_synced()
 
     async def relist(self) -> str:
         WATCH_RELISTS.labels(self.label).inc()
@@ -111,70 +228,131 @@ class _Watch:
             # Watching from "" would mean "from any point": events could be lost.
             raise errors.BadResponse(f"list {self.label}: no resourceVersion")
         await self.sink.end_list(rv)
+        self.listed(rv)
         return rv
 
-    async def stream_once(self, rv: str) -> str:
-        """One watch connection from ``rv``; returns why it ended (the metric's reason)."""
+    async def stream_once(self, rv: str | None) -> str:
+        """One watch connection from ``rv``, or (None) a streaming list that goes on as the
+        watch once listed; returns why the watch ended (the metric's reason). A streaming list
+        that fails before its end bookmark raises, as a failed LIST would: `Forbidden`,
+        `UnsupportedStreamingList` (auto mode) or the failure to retry with backoff."""
         self.healthy = False
         self.retry_after = None
+        self.listing = rv is None
+        try:
+            reason = await self._stream(rv)
+        except (httpx.TransportError, errors.KubeError) as exc:
+            if self.listing:
+                raise self._list_failure(exc) from exc
+            return self._watch_failure(exc)
+        if self.listing:
+            raise errors.BadResponse(
+                f"streaming list of {self.label} ended ({reason}) before the "
+                f"{INITIAL_EVENTS_END} bookmark"
+            )
+        return reason
+
+    async def _stream(self, rv: str | None) -> str:
         lo, hi = self.options.server_timeout
         params = {
             "watch": "true",
             "allowWatchBookmarks": "true",
-            "resourceVersion": rv,
             # Jittered so that many watches opened together do not all reconnect together.
             "timeoutSeconds": str(max(1, round(self.client.rng.uniform(lo, hi)))),
             **selector_params(self.request.label_selector, self.request.field_selector),
         }
-        try:
-            async with self.client.stream(
-                self.request.resource.path(self.request.namespace),
-                params,
-                read_timeout=self.options.inactivity_timeout,
-                resource=self.label,
-            ) as resp:
-                try:
-                    async for chunk in resp.aiter_bytes():
-                        result = await self.sink.feed(chunk)
-                        if result.events:
-                            WATCH_EVENTS.labels(self.label).inc(result.events)
-                            self.healthy = True
-                        if result.resource_version:
-                            self.rv = result.resource_version
-                        if result.error is not None:
-                            return self._on_error_event(result.error)
-                finally:
-                    await self.sink.end_stream()
-            return "closed"
-        except httpx.ReadTimeout:
+        if rv is None:
+            # No resourceVersion + NotOlderThan: a consistent list, as fresh as a quorum read.
+            params["sendInitialEvents"] = "true"
+            params["resourceVersionMatch"] = "NotOlderThan"
+        else:
+            params["resourceVersion"] = rv
+        async with self.client.stream(
+            self.request.resource.path(self.request.namespace),
+            params,
+            read_timeout=self.options.inactivity_timeout,
+            resource=self.label,
+        ) as resp:
+            initial: _InitialEvents | None = None
+            if rv is None:
+                WATCH_RELISTS.labels(self.label).inc()
+                await self.sink.begin_list()
+                initial = _InitialEvents()
+            try:
+                async for chunk in resp.aiter_bytes():
+                    if initial is not None:
+                        lines, end = initial.push(chunk)
+                        if lines and (error := await self._feed(lines)) is not None:
+                            return self._on_error_event(error)
+                        if end is None:
+                            continue
+                        chunk, list_rv = end
+                        initial = None
+                        await self.sink.end_list(list_rv)
+                        self.listing = False
+                        WATCH_STREAMING_LISTS.labels(self.label, "complete").inc()
+                        self.listed(list_rv)
+                        if not chunk:
+                            continue
+                    if (error := await self._feed(chunk)) is not None:
+                        return self._on_error_event(error)
+            finally:
+                await self.sink.end_stream()
+        return "closed"
+
+    async def _feed(self, data: bytes) -> WatchError | None:
+        result = await self.sink.feed(data)
+        if result.events:
+            WATCH_EVENTS.labels(self.label).inc(result.events)
+            self.healthy = True
+        if result.resource_version and not self.listing:
+            self.rv = result.resource_version
+        return result.error
+
+    def _list_failure(self, exc: Exception) -> Exception:
+        """What a streaming list that failed before its end bookmark raises."""
+        WATCH_STREAMING_LISTS.labels(self.label, "failed").inc()
+        if isinstance(exc, errors.ApiError):
+            if exc.code in _UNSUPPORTED and self.options.streaming_list == "auto":
+                return UnsupportedStreamingList(exc)
+            return exc
+        if isinstance(exc, httpx.TransportError):
+            return errors.TransportError(f"streaming list of {self.label}: {exc}", sent=True)
+        return exc
+
+    def _watch_failure(self, exc: Exception) -> str:
+        """Why a watch (not a streaming list still under way) ended with ``exc``."""
+        if isinstance(exc, httpx.ReadTimeout):
             log.warning(
                 "watch inactive: reconnecting",
                 resource=self.label,
                 timeout=self.options.inactivity_timeout,
             )
             return "inactivity"
-        except httpx.TransportError as exc:
+        if isinstance(exc, httpx.TransportError):
             log.info("watch stream broken", resource=self.label, error=str(exc))
             return "broken"
-        except errors.Gone:
+        if isinstance(exc, errors.Gone):
             self.rv = None
             return "gone"
-        except errors.Forbidden as exc:
+        if isinstance(exc, errors.Forbidden):
             # Access was revoked since the list (a watch is authorized when it opens): what the
             # sink holds can no longer be kept up to date. Relist: the list either works again
             # or raises Forbidden to the caller, which decides what a Forbidden resource means.
             log.warning("watch forbidden: relisting", resource=self.label, error=str(exc))
             self.rv = None
             return "forbidden"
-        except errors.ApiError as exc:
+        if isinstance(exc, errors.ApiError):
             log.warning("watch request failed", resource=self.label, error=str(exc))
             self.retry_after = exc.retry_after
             return "http_error"
-        except (errors.TransportError, errors.CredentialError) as exc:
-            log.warning("watch connect failed", resource=self.label, error=str(exc))
-            return "connect"
+        log.warning("watch connect failed", resource=self.label, error=str(exc))
+        return "connect"
 
     def _on_error_event(self, err: WatchError) -> str:
+        if self.listing:
+            # The streaming list failed: raised by stream_once like a failed LIST.
+            raise errors.error_class(err.code, err.reason)(err.code, err.reason, err.message)
         if err.code == 410:
             # Never resume from a compacted resourceVersion: relist and diff.
             log.info("watch resourceVersion expired: relisting", resource=self.label)
@@ -205,31 +383,36 @@ async def run_watch(
     decision. A Forbidden watch (access revoked after the list) relists after the backoff, so
     it ends the same way.
     """
-    w = _Watch(client, request, sink)
+    w = _Watch(client, request, sink, on_synced)
     backoff = Backoff(
         *client.watch_options.backoff, jitter=Jitter.below(0.5), random=client.rng.random
     )
-    synced = False
     while True:
-        if w.rv is None:
-            try:
-                w.rv = await w.relist()
-            except errors.Forbidden:
-                raise
-            except (errors.ApiError, errors.TransportError, errors.CredentialError) as exc:
-                delay = backoff.next()
-                if isinstance(exc, errors.ApiError) and exc.retry_after is not None:
-                    delay = min(exc.retry_after, client.max_retry_after)
-                log.warning("list failed", resource=w.label, error=str(exc), retry_in=delay)
-                if isinstance(sink, ListFailureSink):
-                    sink.list_failed(exc, delay)
-                await trio.sleep(delay)
-                continue
-            if not synced:
-                synced = True
-                if on_synced is not None:
-                    on_synced()
-        reason = await w.stream_once(w.rv)
+        try:
+            if w.rv is None and not w.streaming:
+                await w.relist()
+            # A streaming list (rv None) goes on as the watch once its end bookmark came.
+            reason = await w.stream_once(w.rv)
+        except errors.Forbidden:
+            raise
+        except UnsupportedStreamingList as exc:
+            WATCH_STREAMING_LISTS.labels(w.label, "unsupported").inc()
+            log.warning(
+                "streaming list not supported by the server: listing with LIST",
+                resource=w.label,
+                error=str(exc),
+            )
+            w.streaming = False
+            continue
+        except (errors.ApiError, errors.TransportError, errors.CredentialError) as exc:
+            delay = backoff.next()
+            if isinstance(exc, errors.ApiError) and exc.retry_after is not None:
+                delay = min(exc.retry_after, client.max_retry_after)
+            log.warning("list failed", resource=w.label, error=str(exc), retry_in=delay)
+            if isinstance(sink, ListFailureSink):
+                sink.list_failed(exc, delay)
+            await trio.sleep(delay)
+            continue
         WATCH_RESTARTS.labels(w.label, reason).inc()
         if w.healthy:
             # The stream delivered events or bookmarks: the server is fine, resume at once.

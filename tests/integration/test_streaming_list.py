@@ -1,0 +1,194 @@
+"""The streaming list (`kube.streaming_list`, the apiserver's WatchList) against the real
+kube-apiserver v1.35: the initial events and the `k8s.io/initial-events-end` bookmark on one
+connection that goes on as the watch, an object carrying the marker in its data, the
+accumulator's bootstrap and its exact relist difference after a 410, and the fallback to LIST
+on a server started with the WatchList feature gate off."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+
+import pytest
+import trio
+
+from nodeagent.accumulator import DeltaType, Query
+from nodeagent.kube import (
+    CONFIGMAPS,
+    CORE_EVENTS,
+    KubeClient,
+    WatchOptions,
+    WatchRequest,
+    run_watch,
+)
+from nodeagent.kube.watch import INITIAL_EVENTS_END
+from tests.integration.conftest import client_for, core_event
+from tests.integration.test_accumulator import (
+    HoldableStreams,
+    Snap,
+    accumulating,
+    cm,
+    cm_query,
+    data_of,
+    namespace,
+    until,
+)
+from tests.integration.test_kube_watch import GatedClient, RecordingCache
+from tests.support.apiserver import ApiServer, start_apiserver
+
+pytestmark = pytest.mark.integration
+
+STREAM = WatchOptions(server_timeout=(5, 5), backoff=(0.05, 0.2), streaming_list="on")
+
+
+class ListRecorder(RecordingCache):
+    """Records List pages (a paged LIST) and list failures besides what RecordingCache does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pages = 0
+        self.failures: list[str] = []
+        self.synced_after_lists: list[int] = []
+
+    async def list_page(self, page: bytes) -> None:
+        self.pages += 1
+        await super().list_page(page)
+
+    def list_failed(self, error: Exception, retry_in: float) -> None:
+        self.failures.append(str(error))
+        self.changed.set()
+
+    def on_synced(self) -> None:
+        self.synced_after_lists.append(len(self.lists_ended))
+
+
+async def test_initial_events_end_bookmark_then_the_same_stream_watches(
+    apiserver: ApiServer, admin_client: KubeClient
+) -> None:
+    ns = await namespace(admin_client)
+    await admin_client.create(CONFIGMAPS, cm("a", v="1"), ns)
+    # The marker and a BOOKMARK look-alike inside an object do not end the list.
+    fake = json.dumps({"type": "BOOKMARK", INITIAL_EVENTS_END: "true"})
+    hostile = cm("b", v=fake)
+    hostile["metadata"]["annotations"] = {INITIAL_EVENTS_END: "true"}
+    await admin_client.create(CONFIGMAPS, hostile, ns)
+    last = json.loads(await admin_client.create(CONFIGMAPS, cm("c", v="1"), ns))
+    sink = ListRecorder()
+    config = client_for(apiserver, "admin").config
+    async with GatedClient(config, watch=STREAM) as client, trio.open_nursery() as nursery:
+        client.notify = sink
+        nursery.start_soon(
+            lambda: run_watch(client, WatchRequest(CONFIGMAPS, ns), sink, on_synced=sink.on_synced)
+        )
+        await sink.wait_for(lambda: len(sink.lists_ended) == 1)
+        assert sorted(n for _, n, _ in sink.events) == ["a", "b", "c"]
+        await admin_client.create(CONFIGMAPS, cm("d", v="1"), ns)
+        await sink.wait_for(lambda: any(n == "d" for _, n, _ in sink.events))
+        first = client.watch_params[0]
+        nursery.cancel_scope.cancel()
+    assert first["sendInitialEvents"] == "true"
+    assert first["resourceVersionMatch"] == "NotOlderThan"
+    assert "resourceVersion" not in first and first["allowWatchBookmarks"] == "true"
+    assert sink.pages == 0 and sink.lists_begun == 1  # no LIST request at all
+    # The list is complete at the bookmark: as fresh as the last write before it, synced once
+    # the list ended, and the new object came on the same connection.
+    assert int(sink.lists_ended[0]) >= int(last["metadata"]["resourceVersion"])
+    assert sink.lists_ended[0] in sink.bookmark_rvs
+    assert sink.synced_after_lists == [1]
+    assert len(client.watch_params) == 1
+    assert [(t, n) for t, n, _ in sink.events if n == "d"] == [("ADDED", "d")]
+
+
+async def test_accumulator_bootstraps_and_relists_exactly_with_streaming_lists(
+    apiserver: ApiServer, admin_client: KubeClient
+) -> None:
+    # core/v1 Events have no watch cache: the streaming list is served from etcd, and a watch
+    # from a compacted revision gets 410.
+    ns = await namespace(admin_client)
+    for name in ("e1", "e2", "e3"):
+        await admin_client.create(CORE_EVENTS, core_event(name, ns, "v1"), ns)
+    await admin_client.create(CONFIGMAPS, cm("x", v="1"), ns)
+    config = client_for(apiserver, "admin").config
+    async with HoldableStreams(config, watch=STREAM) as client:
+        client.held, client.release = trio.Event(), trio.Event()
+        events: Query[bytes] = Query("events", "v1", "Event", namespace=ns)
+        async with accumulating(client, [events, cm_query(ns)]) as acc:
+            snap = Snap()
+            with trio.fail_after(30):
+                await acc.changed()
+            # Observed complete: the first snapshot holds every object of both queries.
+            assert acc.update(snap)
+            assert len(snap.events) == 3 and data_of(snap.cms) == {"x": {"v": "1"}}
+            before = dict(snap.events.items())
+            client.hold = True
+            with trio.fail_after(30):
+                await client.held.wait()  # the watch ended and cannot reconnect
+            await admin_client.patch(CORE_EVENTS, "e1", {"message": "v2"}, ns)
+            await admin_client.delete(CORE_EVENTS, "e2", ns)
+            await admin_client.create(CORE_EVENTS, core_event("e4", ns, "new"), ns)
+            await trio.to_thread.run_sync(apiserver.compact)
+            client.hold = False
+            client.release.set()
+            deltas = await until(acc, snap, lambda s: "e4" in {k.name for k in s.events})
+    assert sorted((d.type.value, d.key.name) for d in deltas) == [
+        ("add", "e4"),
+        ("delete", "e2"),
+        ("update", "e1"),
+    ]
+    deleted = next(d for d in deltas if d.type is DeltaType.DELETE)
+    assert deleted.obj == before[deleted.key]
+
+
+@pytest.fixture(scope="module")
+def old_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """A kube-apiserver without streaming lists (WatchList off, as before 1.32)."""
+    srv = start_apiserver(
+        tmp_path_factory.mktemp("nowatchlist"),
+        nodes=("node-a",),
+        extra_args=["--feature-gates=WatchList=false"],
+    )
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+async def _watch_old(
+    old: ApiServer, mode: str, done: Callable[[ListRecorder, GatedClient], bool]
+) -> tuple[ListRecorder, GatedClient]:
+    async with client_for(old, "admin") as admin:
+        ns = await namespace(admin)
+        await admin.create(CONFIGMAPS, cm("a", v="1"), ns)
+    sink = ListRecorder()
+    options = WatchOptions(server_timeout=(5, 5), backoff=(0.05, 0.2), streaming_list=mode)  # type: ignore[arg-type]
+    config = client_for(old, "admin").config
+    async with GatedClient(config, watch=options) as client, trio.open_nursery() as nursery:
+        client.notify = sink
+        nursery.start_soon(
+            lambda: run_watch(client, WatchRequest(CONFIGMAPS, ns), sink, on_synced=sink.on_synced)
+        )
+        await sink.wait_for(lambda: done(sink, client))
+        nursery.cancel_scope.cancel()
+    return sink, client
+
+
+async def test_auto_falls_back_to_list_on_a_server_without_watchlist(
+    old_apiserver: ApiServer,
+) -> None:
+    sink, client = await _watch_old(
+        old_apiserver, "auto", lambda s, c: bool(s.lists_ended) and len(c.watch_params) >= 2
+    )
+    assert client.watch_params[0]["sendInitialEvents"] == "true"  # tried, refused (422)
+    assert sink.pages == 1 and sink.lists_ended and sink.synced_after_lists == [1]
+    assert sink.failures == []  # the fallback is not a failure
+    assert [n for _, n, _ in sink.events] == ["a"]
+    # Then an ordinary watch from the LIST's resourceVersion.
+    assert client.watch_params[1]["resourceVersion"] == sink.lists_ended[0]
+    assert "sendInitialEvents" not in client.watch_params[1]
+
+
+async def test_on_reports_the_refusal_and_never_lists(old_apiserver: ApiServer) -> None:
+    sink, client = await _watch_old(old_apiserver, "on", lambda s, c: len(s.failures) >= 2)
+    assert all("sendInitialEvents is forbidden" in f for f in sink.failures)
+    assert sink.pages == 0 and sink.lists_ended == [] and sink.synced_after_lists == []
+    assert all(p.get("sendInitialEvents") == "true" for p in client.watch_params)
