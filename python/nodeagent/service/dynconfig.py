@@ -17,6 +17,7 @@ from typing import Any
 import trio
 
 from nodeagent.accumulator import Accumulator
+from nodeagent.accumulator.accumulator import Watch
 from nodeagent.accumulator.model import ObjectMap, Query
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.config.loader import Override, apply_overrides, read_config_file
@@ -140,6 +141,7 @@ class DynconfigComponent:
         reports: Callable[[], Sequence[ComponentHealth]],
         watchdog_age: Callable[[], float | None] = lambda: None,
         retry: float = 30.0,
+        watch: Watch | None = None,
     ) -> None:
         self.node_name = node_name
         self.controller = controller
@@ -149,6 +151,7 @@ class DynconfigComponent:
         self._reports = reports
         self._watchdog_age = watchdog_age
         self._retry = retry
+        self._watch = watch  # the accumulators' watch (None: through the client; tests: a fake)
         self.accumulators: list[Accumulator] = []
         self.crd_missing: str | None = None
         self.started = False
@@ -180,6 +183,7 @@ class DynconfigComponent:
                 self._client,
                 [Query("configs", API_VERSION, KIND, into=dict[str, Any])],
                 self._accumulator_settings,
+                watch=self._watch,
             )
             node = Accumulator(
                 self._client,
@@ -193,6 +197,7 @@ class DynconfigComponent:
                     )
                 ],
                 self._accumulator_settings,
+                watch=self._watch,
             )
             self.accumulators = [configs, node]
             wake = _Wake()

@@ -1,0 +1,163 @@
+"""The dynconfig component with a fake client and fake watches (the real accumulators, the real
+controller): objects that become unreadable (Forbidden) keep the running config instead of
+reading as "no object targets this node", and a refused condition write is retried with backoff
+(1 s doubling to 60 s), not per change."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import trio
+import trio.testing
+
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.checkpoint import CheckpointStore
+from nodeagent.dynconfig.controller import Controller
+from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.kube import errors
+from nodeagent.kube.resource import Resource
+from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
+from tests.support.nodeagentconfig import NAC
+from tests.unit.accumulator.fakes import FakeClient
+from tests.unit.accumulator.test_accumulator import synced
+from tests.unit.dynconfig.test_controller import FakeHub, build, hasher
+
+NODE = "node-a"
+
+
+class Client(FakeClient):
+    """Also takes the component's writes: the condition patch (refused while `refuse`) and
+    Events."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.resources[NAC.kind] = NAC
+        self.refuse = False
+        self.patches: list[float] = []  # trio time of each condition patch attempt
+        self.events: list[dict[str, Any]] = []
+
+    async def patch(self, resource: Resource, name: str, body: Any, **kw: Any) -> bytes:
+        self.patches.append(trio.current_time())
+        if self.refuse:
+            raise errors.Forbidden(403, "Forbidden", "nodes/status is forbidden")
+        return b"{}"
+
+    async def create(self, resource: Resource, body: Any, namespace: str = "") -> bytes:
+        self.events.append(body)
+        return b"{}"
+
+
+@dataclass
+class Rig:
+    client: Client
+    component: DynconfigComponent
+    controller: Controller[dict[str, Any]]
+    hub: FakeHub
+
+
+@asynccontextmanager
+async def running(tmp_path: Path, refuse: bool = False) -> AsyncIterator[Rig]:
+    client = Client()
+    client.refuse = refuse
+    controller = Controller(
+        DynconfigSettings(), CheckpointStore(tmp_path / "checkpoints"), build, hasher
+    )
+    hub = FakeHub(controller.boot().config)
+    controller.attach(hub)
+    component = DynconfigComponent(
+        node_name=NODE,
+        controller=controller,
+        events=EventBuffer(),
+        client=cast(Any, client),
+        accumulator_settings=AccumulatorSettings(forbidden_retry=100.0),
+        reports=lambda: [],
+        watch=client.run_watch,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(component.run)
+        yield Rig(client, component, controller, hub)
+        nursery.cancel_scope.cancel()
+
+
+def nac(name: str, config: dict[str, Any], generation: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": "1",
+            "generation": generation,
+        },
+        "spec": {"nodeNames": [NODE], "config": config},
+    }
+
+
+async def until(check: Any, what: str) -> None:
+    """Poll a condition with a deadline (autojump clock: the sleeps cost no real time)."""
+    with trio.fail_after(30):
+        while not check():  # noqa: ASYNC110 - state of several tasks, no one event to wait on
+            await trio.sleep(0.05)
+
+
+async def test_forbidden_objects_keep_the_running_config(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path) as rig:
+        await synced(await rig.client.sink("nodes"), {"metadata": {"name": NODE, "uid": "n"}})
+        await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}))
+        await until(lambda: rig.controller.active.name == "fleet", "fleet applied")
+        assert rig.hub.current["interval"] == 7
+
+        rig.client.revoke(NAC.plural)  # RBAC revoked: the relist is Forbidden, shown as empty
+        await until(
+            lambda: rig.controller.condition().reason == "NoUniqueTarget", "kept, with reason"
+        )
+        # Not taken for "no object targets this node": the remote config keeps running.
+        assert rig.controller.active.name == "fleet" and rig.hub.current["interval"] == 7
+        assert "not readable" in rig.controller.condition().message
+        assert "forbidden" in rig.controller.condition().message
+        assert rig.component.selection_reason.startswith("not selecting")
+        ready, reason = rig.component.readiness()
+        assert ready and "forbidden" in reason
+
+        # Access restored (after forbidden_retry): the objects are read and selected again.
+        rig.client.forbidden.discard(NAC.plural)
+        await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}), rv=2)
+        await until(lambda: rig.controller.condition().reason == "OnTrial", "selected again")
+        assert rig.controller.active.name == "fleet"
+
+
+async def test_refused_condition_write_is_retried_with_backoff(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path, refuse=True) as rig:
+        start = trio.current_time()
+        await trio.sleep(200)
+        attempts = [round(t - start) for t in rig.client.patches]
+        # 1 s doubling to 60 s: 0, 1, 3, 7, 15, 31, 63, 123, 183 (not once per second).
+        assert attempts == [0, 1, 3, 7, 15, 31, 63, 123, 183], attempts
+        assert rig.component.condition_error is not None
+        assert "forbidden" in rig.component.condition_error
+        assert rig.component.condition_writes == 0
+
+        # Condition changes while refused do not add attempts beyond the backoff.
+        before = len(rig.client.patches)
+        rig.controller.keep("tie between a and b")
+        rig.controller.keep("tie between a and c")
+        await trio.sleep(1)
+        assert len(rig.client.patches) == before
+
+        # Allowed again: the next attempt writes the newest condition, and a change is then
+        # written at once (the backoff was reset).
+        rig.client.refuse = False
+        await trio.sleep(60)
+        assert rig.component.condition_error is None and rig.component.condition_writes == 1
+        assert rig.component.written == rig.controller.condition()
+        assert "a and c" in rig.component.written.message
+        rig.controller.keep("tie between a and d")
+        written_before = trio.current_time()
+        await until(lambda: rig.component.condition_writes == 2, "the change written")
+        assert trio.current_time() - written_before < 1
