@@ -24,6 +24,7 @@ __all__ = [
     "apply_all",
     "create_pod",
     "daemonset_container",
+    "daemonset_pod_spec",
     "delete_pod",
     "pod_token",
 ]
@@ -74,16 +75,22 @@ async def apply_all(client: KubeClient) -> list[tuple[str, str]]:
     return [(d["kind"], d["metadata"]["name"]) for d in first + rest]
 
 
-def daemonset_container() -> dict[str, Any]:
-    """The agent container of the shipped DaemonSet (the one in deploy/kubernetes)."""
+def daemonset_pod_spec() -> dict[str, Any]:
+    """The pod template's spec of the shipped DaemonSet (the one in deploy/kubernetes)."""
     (daemonset,) = [
         doc
         for path in sorted(KUBERNETES_DIR.glob("*.yaml"))
         for doc in load_manifest(path)
         if doc["kind"] == "DaemonSet"
     ]
-    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == SERVICE_ACCOUNT
-    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    spec: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == SERVICE_ACCOUNT
+    return spec
+
+
+def daemonset_container() -> dict[str, Any]:
+    """The agent container of the shipped DaemonSet."""
+    (container,) = daemonset_pod_spec()["containers"]
     result: dict[str, Any] = container
     return result
 

@@ -33,6 +33,7 @@ from tests.deploy.manifests import (
     apply_all,
     create_pod,
     daemonset_container,
+    daemonset_pod_spec,
     delete_pod,
     pod_token,
 )
@@ -118,8 +119,9 @@ def pod_command(
             assert arg == 'ops.public_address="0.0.0.0:9465"'
             arg = f'ops.public_address="127.0.0.1:{public_port}"'
         args.append(arg.replace(HOST_STATE, str(dirs.root)))
-    (mount,) = container["volumeMounts"]
-    assert mount["mountPath"] == HOST_STATE
+    volumes = {v["name"]: v for v in daemonset_pod_spec()["volumes"]}
+    (state,) = [m for m in container["volumeMounts"] if m["mountPath"] == HOST_STATE]
+    assert volumes[state["name"]]["hostPath"]["path"] == HOST_STATE
     env = {}
     for item in container.get("env", []):
         assert item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", item
