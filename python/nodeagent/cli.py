@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
@@ -121,16 +120,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     import prometheus_client
     import trio
 
-    from nodeagent.log import configure_logging, get_logger
+    from nodeagent.log import configure_logging, get_logger, stderr_is_journal
     from nodeagent.service.agent import Agent
     from nodeagent.service.component import FatalError
     from nodeagent.service.supervisor import describe, find_fatal
 
-    # journald sets $JOURNAL_STREAM and understands "<N>" priority prefixes; a terminal does not.
+    # journald understands "<N>" priority prefixes; a terminal or a pipe does not.
     configure_logging(
         config.agent.log_level,
         config.agent.log_format,
-        priority_prefix="JOURNAL_STREAM" in os.environ,
+        priority_prefix=stderr_is_journal(),
     )
     # *_created series double every counter's exposition for no use on a node agent.
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -2,16 +2,19 @@
 
 Every component logs through `get_logger(__name__)` and passes fields as keyword arguments:
 ``log.warning("watch failed", resource="configmaps", error=str(exc))``. The formatter renders
-them as ``key=value`` pairs or one JSON object per line, each line prefixed with the syslog
-priority (``<4>``) so journald keeps the level when stderr is its stream.
+them as ``key=value`` pairs or one JSON object per line; when stderr is journald's stream
+(`stderr_is_journal`) each line is prefixed with the syslog priority (``<4>``) so journald keeps
+the level.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 LogFormat = Literal["text", "json"]
@@ -110,6 +113,25 @@ class StructuredFormatter(logging.Formatter):
             # Multi-line values (tracebacks) stay one record: escape newlines in text mode.
             line = f"<{_priority(record.levelno)}>" + line.replace("\n", "\\n")
         return line
+
+
+def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
+    """True when `fd` (stderr) is the stream systemd connected to journald.
+
+    systemd sets ``$JOURNAL_STREAM`` to that stream's ``<device>:<inode>`` (systemd.exec(5)).
+    The variable alone is not enough: a shell in a terminal started by a systemd user service
+    (GNOME Terminal, tmux under systemd-run) inherits it while its stderr is a terminal, where
+    ``<N>`` prefixes would only be noise.
+    """
+    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    device, sep, inode = value.partition(":")
+    if not sep:
+        return False
+    try:
+        stat = os.fstat(fd)
+        return (int(device), int(inode)) == (stat.st_dev, stat.st_ino)
+    except (ValueError, OSError):
+        return False
 
 
 def configure_logging(
