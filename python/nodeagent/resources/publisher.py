@@ -69,6 +69,13 @@ PoolKey = tuple[str, str]  # (driver, pool)
 # accumulator does not announce that a Forbidden list has become readable again.
 UNKNOWN_STATE_RECHECK = 1.0
 
+# After a 409 Conflict the pool's observed state is stale (every update and delete carries the
+# observed resourceVersion, so a retry planned from the same state conflicts again). The retry
+# waits, on top of its backoff, until the watch shows a newer state or this many seconds have
+# passed (the watch may be down: the fault matrix's reset-mid-response made 8 conflicting writes
+# in 0.7 s without this wait).
+CONFLICT_STALE_WAIT = 1.0
+
 
 class SliceSource(Protocol):
     """The observed side: an `Accumulator` with the queries of `publisher_queries` (raw
@@ -263,6 +270,9 @@ class Publisher:
         self._desired: dict[PoolKey, _Desired] = {}
         self._unreadable: set[tuple[str, str]] = set()  # (name, resourceVersion), logged once
         self._failing: dict[PoolKey, str] = {}  # pool -> last error, until a sync succeeds
+        # Pools whose last write conflicted: the observed versions then, and until when a
+        # retry waits for newer ones.
+        self._stale: dict[PoolKey, tuple[dict[str, str], float]] = {}
         self._refused: set[PoolKey] = set()  # failing because of foreign slices
         # The pool being synced and the {name: resourceVersion} its own writes lead to: a
         # snapshot showing exactly that is no reason to sync it again.
@@ -645,6 +655,11 @@ class Publisher:
             except KubeError as exc:
                 failed = True
                 self._fail(key, "failed", str(exc))
+                if isinstance(exc, Conflict):
+                    self._stale[key] = (
+                        self._observed_versions(key),
+                        trio.current_time() + CONFLICT_STALE_WAIT,
+                    )
             except Exception as exc:
                 # A bug or bad data in one pool must not take the others (and the accumulator,
                 # with its start-up grace) down with it: fail this pool and retry it.
@@ -652,10 +667,13 @@ class Publisher:
                 log.exception("resourceslice sync raised", driver=key[0], pool=key[1])
                 self._fail(key, "error", f"unexpected error: {exc!r}")
             else:
-                self._recovered(key)
+                if key not in self._stale:
+                    self._recovered(key)
             finally:
                 self._syncing, self._expected = None, {}
-                delay = self._queue.done(key, failed=failed)
+                # A retry held back for a newer observed state is still a failing pool: its
+                # backoff keeps growing.
+                delay = self._queue.done(key, failed=failed, keep_backoff=key in self._stale)
                 if wait is not None:
                     self._queue.add(key, wait)
                 metrics.SYNC_SECONDS.observe(time.perf_counter() - t0)
@@ -736,6 +754,15 @@ class Publisher:
         if held:
             metrics.SYNCS.labels("deferred").inc()
             return again
+        stale = self._stale.pop(key, None)
+        if stale is not None:
+            versions, until = stale
+            now = trio.current_time()
+            if self._observed_versions(key) == versions and now < until:
+                # A newer observed state queues the pool at once; else look again at `until`.
+                self._stale[key] = stale
+                metrics.SYNCS.labels("deferred").inc()
+                return until - now
         state = self._tracker.drivers.get(key[0])
         if state is not None and state.registered and state.inventory is None:
             # Registered, but nothing valid received since the start: what is published is

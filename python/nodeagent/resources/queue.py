@@ -94,11 +94,11 @@ class WorkQueue(Generic[K]):
             with trio.move_on_at(deadline):
                 await self._wakeup.wait()
 
-    def done(self, key: K, *, failed: bool = False) -> float | None:
+    def done(self, key: K, *, failed: bool = False, keep_backoff: bool = False) -> float | None:
         """The key's sync finished. A failure requeues it after its next backoff delay
         (doubling per consecutive failure; returned), also when it was added meanwhile; a
-        success resets the backoff, and a key added while it was processing runs again, once
-        its minimum interval has passed."""
+        success resets the backoff (unless `keep_backoff`: a sync that only waited), and a key
+        added while it was processing runs again, once its minimum interval has passed."""
         self._processing.discard(key)
         delay = None
         again = key in self._again
@@ -112,7 +112,8 @@ class WorkQueue(Generic[K]):
             delay = self._backoff.delay(n + 1)
             self.add(key, delay)
         else:
-            self._failures.pop(key, None)
+            if not keep_backoff:
+                self._failures.pop(key, None)
             if again:
                 self.add(key)
         if not (self._ready_at or self._processing):
