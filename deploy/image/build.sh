@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the nodeagent container image offline from packages, without any container registry:
 #
-#   1. the nodeagent wheel (maturin, release) or the one given with --wheel;
+#   1. the release wheel of nodeagent (scripts/build-wheels, manylinux_2_28) or the --wheel given;
 #   2. its Python dependencies as wheels from PyPI, pinned in deploy/image/requirements.lock;
 #   3. a root filesystem of Debian bookworm packages pinned in deploy/image/packages.lock, only
 #      extracted (mmdebstrap --variant=extract: no maintainer scripts, no dpkg database, no shell);
@@ -21,7 +21,8 @@
 #   Output: DIR/nodeagent-oci.tar (OCI archive, image name nodeagent:TAG), DIR/oci (the layout),
 #   DIR/rootfs (the unpacked root filesystem, for running without a container engine), and
 #   DIR/image.env (DIGEST=..., TAG=..., SIZE_*=...). Default DIR is dist/image, TAG the version.
-# Needs root (chroot) and Debian's mmdebstrap and umoci, which it installs with apt-get if missing.
+# Needs root (chroot) and Debian's mmdebstrap and umoci, which deploy/image/tools.sh installs with
+# apt-get when missing.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
@@ -48,14 +49,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # The tools come from Debian's archive; CI installs them here, from scratch.
-need=()
-command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
-command -v umoci >/dev/null || need+=(umoci)
-if [ ${#need[@]} -gt 0 ]; then
-  echo "installing ${need[*]} (apt)"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+bash "$here/tools.sh" mmdebstrap umoci
 
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$repo" log -1 --format=%ct 2>/dev/null || echo 0)}
 export TZ=UTC LC_ALL=C.UTF-8
@@ -65,7 +59,7 @@ exec 9>"$cache/build.lock"
 flock 9   # one build at a time per cache (the caches are written in place)
 
 venv=${NODEAGENT_VENV:-$repo/.venv}
-[ -x "$venv/bin/maturin" ] || bash scripts/setup >/dev/null
+[ -x "$venv/bin/python" ] || bash scripts/setup >/dev/null
 work=$(mktemp -d "${TMPDIR:-/tmp}/nodeagent-image.XXXXXX")
 cleanup() {
   # a chroot step may have left /proc mounted if it was interrupted
@@ -76,13 +70,13 @@ trap cleanup EXIT
 t0=$(date +%s)
 step() { echo "[$(($(date +%s) - t0))s] $*"; }
 
-# 1. the wheel
+# 1. the wheel: the release one (scripts/build-wheels: manylinux_2_28, checked by auditwheel,
+# cached by a hash of the sources, so free when CI or a release has built it already)
 if [ -z "$wheel" ]; then
-  step "building the nodeagent wheel (maturin --release)"
-  . scripts/cargo-env.sh
-  "$venv/bin/maturin" build --release --quiet --out "$work/wheel" >"$work/maturin.log" 2>&1 \
-    || { cat "$work/maturin.log" >&2; exit 1; }
-  wheel=$(ls "$work"/wheel/nodeagent-*.whl)
+  step "the nodeagent wheel (scripts/build-wheels)"
+  NODEAGENT_DIST="$work/dist" bash scripts/build-wheels >"$work/build-wheels.log" 2>&1 \
+    || { cat "$work/build-wheels.log" >&2; exit 1; }
+  wheel=$(ls "$work"/dist/nodeagent-*-manylinux_*_x86_64.whl)
 fi
 version=$(basename "$wheel" | cut -d- -f2)
 tag=${tag:-$version}
@@ -134,17 +128,29 @@ if [ "$relock" = 1 ]; then
 else
   mapfile -t debs < <(grep -v '^\s*\(#\|$\)' "$here/packages.lock")
 fi
-mmdebstrap --quiet --mode=root --variant=extract --skip=essential/unlink \
-  --include="$(IFS=,; echo "${debs[*]}")" \
-  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
-  --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
-  --dpkgopt='path-exclude=/usr/share/lintian/*' \
-  --setup-hook='mkdir -p "$1"/var/cache/apt/archives' \
-  --setup-hook="sync-in $cache/debs /var/cache/apt/archives/" \
-  --extract-hook="sync-out /var/cache/apt/archives $cache/debs" \
-  --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb "$1"/etc/dpkg/dpkg.cfg.d/99mmdebstrap' \
-  bookworm "$work/rootfs" http://deb.debian.org/debian
-rm -f "$cache/debs/lock"; rm -rf "$cache/debs/partial"
+# The extracted packages depend only on the lock and this script's mmdebstrap line: keep a copy.
+base_key=$( (printf '%s\n' "${debs[@]}"; sed -n '/^  mmdebstrap --quiet/,/http:/p' "$here/build.sh") \
+  | sha256sum | cut -c1-16)
+base=$cache/rootfs-$base_key
+if [ "$relock" = 0 ] && [ -d "$base" ]; then
+  cp -a "$base" "$work/rootfs"
+else
+  mmdebstrap --quiet --mode=root --variant=extract --skip=essential/unlink \
+    --include="$(IFS=,; echo "${debs[*]}")" \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/info/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+    --dpkgopt='path-exclude=/usr/share/lintian/*' \
+    --setup-hook='mkdir -p "$1"/var/cache/apt/archives' \
+    --setup-hook="sync-in $cache/debs /var/cache/apt/archives/" \
+    --extract-hook="sync-out /var/cache/apt/archives $cache/debs" \
+    --customize-hook='rm -f "$1"/var/cache/apt/archives/*.deb "$1"/etc/dpkg/dpkg.cfg.d/99mmdebstrap' \
+    bookworm "$work/rootfs" http://deb.debian.org/debian
+  rm -f "$cache/debs/lock"; rm -rf "$cache/debs/partial"
+  if [ "$relock" = 0 ]; then
+    rm -rf "$cache"/rootfs-*   # only the newest base is worth its 90 MB
+    cp -a "$work/rootfs" "$base.tmp" && mv "$base.tmp" "$base"
+  fi
+fi
 if [ "$relock" = 1 ]; then
   # every package the resolver chose (python3.11 and its dependencies), with its exact version
   { echo "# Written by deploy/image/build.sh --relock: the image's Debian bookworm packages, pinned."
@@ -157,7 +163,17 @@ fi
 # 4. the agent: a venv on the image's python, installed offline by a pip copied in for the purpose
 step "virtualenv /opt/nodeagent"
 root=$work/rootfs
-cp -a "$here/rootfs/." "$root/"
+# What mmdebstrap set up to run apt, and the build host's resolv.conf and hostname, stay out (a
+# container runtime mounts its own /etc/resolv.conf, /etc/hosts, /etc/hostname and /dev).
+rm -rf "$root"/etc/apt "$root"/var/cache/apt "$root"/var/lib/apt "$root"/var/log/apt \
+  "$root"/etc/fstab "$root"/etc/hostname "$root"/etc/resolv.conf "$root"/dev/*
+cp -a "$here/rootfs/." "$root/"   # /etc/passwd and /etc/group: root and nodeagent (65532)
+# The kubelet mounts the service-account token under /var/run/secrets: /var/run is /run.
+mkdir -p "$root/run" "$root/var/lib/nodeagent"
+ln -sfn /run "$root/var/run"
+# The default (non-root) user's state directory when no volume is mounted over it.
+chown 65532:65532 "$root/var/lib/nodeagent"
+chmod 0750 "$root/var/lib/nodeagent"
 pip_dir=$("$venv/bin/python" -c 'import os, pip; print(os.path.dirname(os.path.dirname(pip.__file__)))')
 mkdir -p "$work/install/pip"
 cp -a "$pip_dir/pip" "$work/install/pip/"
@@ -209,22 +225,37 @@ for p in "${IMAGE_VOLUMES[@]}"; do config_args+=(--config.volume="$p"); done
 umoci config --image "$layout:$tag" "${config_args[@]}" --history.created="$created" \
   --history.created_by="deploy/image/build.sh (config)"
 umoci gc --layout "$layout"
+# The name every loader gives the image: podman load and skopeo read ref.name, containerd's import
+# io.containerd.image.name; the full form is what a pod's `image: nodeagent:TAG` resolves to.
+python3 - "$layout/index.json" "docker.io/library/$IMAGE_NAME:$tag" <<'PY'
+import json
+import sys
+
+path, name = sys.argv[1], sys.argv[2]
+index = json.load(open(path))
+(manifest,) = index["manifests"]
+manifest["annotations"] = {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name}
+open(path, "w").write(json.dumps(index, separators=(",", ":"), sort_keys=True))
+PY
 chmod -R a+rX "$layout"   # umoci writes blobs 0600; anyone may read a published image
 
 # The archive: a plain tar of the layout, byte-identical for identical layouts.
-rm -rf "$out/oci" "$out/rootfs" "$out/nodeagent-oci.tar"
+rm -rf "$out/oci" "$out/rootfs" "$out/nodeagent-oci.tar" "$out"/nodeagent-*.whl
 tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner \
   --format=posix --pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime \
   -C "$layout" -cf "$out/nodeagent-oci.tar" .
 mv "$layout" "$out/oci"
 mv "$work/bundle/rootfs" "$out/rootfs"
+cp "$wheel" "$out/"
 digest=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$out/oci/index.json")
 {
-  echo "IMAGE=$IMAGE_NAME:$tag"
+  echo "IMAGE=docker.io/library/$IMAGE_NAME:$tag"
   echo "DIGEST=$digest"
   echo "ARCHIVE=$out/nodeagent-oci.tar"
   echo "SIZE_ARCHIVE=$(stat -c %s "$out/nodeagent-oci.tar")"
   echo "SIZE_ROOTFS=$(du -sb "$out/rootfs" | cut -f1)"
+  echo "WHEEL=$out/$(basename "$wheel")"
+  echo "SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH"
   echo "BUILD_SECONDS=$(($(date +%s) - t0))"
 } >"$out/image.env"
 step "done: $IMAGE_NAME:$tag $digest"
