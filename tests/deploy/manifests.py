@@ -116,11 +116,13 @@ async def delete_pod(admin: KubeClient, name: str) -> None:
         await admin.delete(PODS, name, NAMESPACE, grace_period_seconds=0)
 
 
-async def pod_token(admin: KubeClient, pod: Mapping[str, Any], seconds: int = 3600) -> str:
+async def pod_token(admin: KubeClient, pod: Mapping[str, Any] | None, seconds: int = 3600) -> str:
     """What the kubelet mounts into the pod: a TokenRequest token of the service account, bound
-    to ``pod`` (so it carries the pod's node name)."""
-    ref = {"kind": "Pod", "apiVersion": "v1"} | {k: pod["metadata"][k] for k in ("name", "uid")}
-    spec = {"expirationSeconds": seconds, "boundObjectRef": ref}
+    to ``pod`` (so it carries the pod's node name); None: a token bound to nothing."""
+    spec: dict[str, Any] = {"expirationSeconds": seconds}
+    if pod is not None:
+        ref = {"kind": "Pod", "apiVersion": "v1"}
+        spec["boundObjectRef"] = ref | {k: pod["metadata"][k] for k in ("name", "uid")}
     body = {"apiVersion": "authentication.k8s.io/v1", "spec": spec}
     answer = await admin.request(
         "POST",

@@ -426,3 +426,26 @@ async def _slice_policy_enforced(client: KubeClient) -> bool:
     except errors.Forbidden as exc:
         return "nodeagent-resourceslices-own-node-sa" in exc.message
     return False
+
+
+async def test_a_token_not_bound_to_a_node_is_refused(
+    apiserver: ApiServer, installed: KubeClient, token: str
+) -> None:
+    # `token` (bound) first proves the policies are in force, so the refusals below are theirs.
+    async with _client(apiserver, token) as pod:
+        await _until(lambda: _slice_policy_enforced(pod), "the ResourceSlice policy in force")
+    unbound_token = await pod_token(installed, None)
+    ours = {"type": CONDITION, "status": "True", "reason": "Local", "message": "test"}
+    async with _client(apiserver, unbound_token) as unbound:
+        with pytest.raises(errors.Forbidden) as refused:
+            await _dry_run_create(unbound, _slice(NODE, "unbound-slice"))
+        assert "writes ResourceSlices only with a token bound to a pod" in refused.value.message
+        with pytest.raises(errors.Forbidden) as refused:
+            await unbound.patch(
+                NODES,
+                NODE,
+                {"status": {"conditions": [ours]}},
+                type="strategic",
+                subresource="status",
+            )
+        assert "writes Node status only with a token bound to a pod" in refused.value.message
