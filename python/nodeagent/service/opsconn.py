@@ -45,9 +45,9 @@ OPS_BAD_REQUESTS = Counter(
     ["listener", "reason"],
 )
 
-# At most one "refused" log line per this many seconds per listener (a flood must not become a
-# log flood); the next line says how many were refused in between.
-REFUSAL_LOG_INTERVAL = 10.0
+# At most one "under pressure" log line per this many seconds per listener (a flood must not
+# become a log flood); each line says how many connections were evicted and refused since the last.
+PRESSURE_LOG_INTERVAL = 10.0
 
 
 @dataclass(eq=False)
@@ -71,8 +71,8 @@ class ConnectionSlots:
         # Idle connections, the one idle longest first.
         self._idle: OrderedDict[int, Connection] = OrderedDict()
         self._ids = itertools.count()
-        self._last_refusal_log = -REFUSAL_LOG_INTERVAL
-        self._refused_since_log = 0
+        self._last_log: float | None = None
+        self._since_log: dict[str, int] = {"evicted": 0, "refused": 0}
         for slot in self.limits:
             OPS_CONNECTIONS_OPEN.labels(listener=listener, slot=slot).set(0)
 
@@ -81,7 +81,7 @@ class ConnectionSlots:
         conn = Connection(next(self._ids))
         slot = self._free_slot()
         if slot is None:
-            self._refused()
+            self._pressure("refused")
             return None
         conn.slot = slot
         self._take(slot, +1)
@@ -97,7 +97,7 @@ class ConnectionSlots:
             victim.evicted = True
             victim.scope.cancel()
             self._take(victim.slot, -1)
-            OPS_CONNECTIONS.labels(listener=self.listener, outcome="evicted").inc()
+            self._pressure("evicted")
             return victim.slot
         if self.open["reserved"] < self.limits["reserved"]:
             return "reserved"
@@ -122,17 +122,19 @@ class ConnectionSlots:
         self.open[slot] += delta
         OPS_CONNECTIONS_OPEN.labels(listener=self.listener, slot=slot).set(self.open[slot])
 
-    def _refused(self) -> None:
-        OPS_CONNECTIONS.labels(listener=self.listener, outcome="refused").inc()
-        self._refused_since_log += 1
+    def _pressure(self, outcome: str) -> None:
+        OPS_CONNECTIONS.labels(listener=self.listener, outcome=outcome).inc()
+        self._since_log[outcome] += 1
         now = trio.current_time()
-        if now - self._last_refusal_log >= REFUSAL_LOG_INTERVAL:
-            log.warning(
-                "ops connections refused: every slot is busy",
-                listener=self.listener,
-                refused=self._refused_since_log,
-                max_connections=self.limits["ordinary"],
-                probe_connections=self.limits["reserved"],
-            )
-            self._last_refusal_log = now
-            self._refused_since_log = 0
+        if self._last_log is not None and now - self._last_log < PRESSURE_LOG_INTERVAL:
+            return
+        log.warning(
+            "ops endpoint under pressure: every connection slot taken",
+            listener=self.listener,
+            evicted=self._since_log["evicted"],
+            refused=self._since_log["refused"],
+            max_connections=self.limits["ordinary"],
+            probe_connections=self.limits["reserved"],
+        )
+        self._last_log = now
+        self._since_log = dict.fromkeys(self._since_log, 0)
