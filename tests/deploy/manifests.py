@@ -17,12 +17,14 @@ from tests.support.resources import PODS
 
 __all__ = [
     "CRD_DIR",
+    "HOST_STATE",
     "KUBERNETES_DIR",
     "NAMESPACE",
     "SERVICE_ACCOUNT",
     "all_manifest_files",
     "apply_all",
     "create_pod",
+    "daemonset_args",
     "daemonset_container",
     "daemonset_pod_spec",
     "delete_pod",
@@ -93,6 +95,26 @@ def daemonset_container() -> dict[str, Any]:
     (container,) = daemonset_pod_spec()["containers"]
     result: dict[str, Any] = container
     return result
+
+
+# The container's hostPath volume.
+HOST_STATE = "/var/lib/nodeagent"
+
+
+def daemonset_args(state_root: str, ops_port: int, public_port: int) -> list[str]:
+    """The DaemonSet container's args as a test on the host's network runs them: the hostPath
+    ``/var/lib/nodeagent`` at ``state_root``, both listeners on loopback at the given ports (the
+    manifest's full ops endpoint is on the pod's loopback already, which the assertion keeps)."""
+    args = []
+    for arg in daemonset_container()["args"]:
+        if arg.startswith("--ops-address="):
+            assert arg == "--ops-address=127.0.0.1:9464", "the full ops endpoint stays in the pod"
+            arg = f"--ops-address=127.0.0.1:{ops_port}"
+        elif arg.startswith("ops.public_address="):
+            assert arg == 'ops.public_address="0.0.0.0:9465"'
+            arg = f'ops.public_address="127.0.0.1:{public_port}"'
+        args.append(arg.replace(HOST_STATE, state_root))
+    return args
 
 
 async def create_pod(admin: KubeClient, name: str, node: str) -> dict[str, Any]:

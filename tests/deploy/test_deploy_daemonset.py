@@ -29,9 +29,11 @@ import trio
 
 from nodeagent.kube import NODES, RESOURCESLICES, ClusterConfig, KubeClient, errors
 from tests.deploy.manifests import (
+    HOST_STATE,
     NAMESPACE,
     apply_all,
     create_pod,
+    daemonset_args,
     daemonset_container,
     daemonset_pod_spec,
     delete_pod,
@@ -76,8 +78,6 @@ mount -o remount,bind,ro {SA_DIR}
 shift
 exec "$@"
 """
-# The container's hostPath volume.
-HOST_STATE = "/var/lib/nodeagent"
 WAIT = 60.0
 POLL = 0.1
 
@@ -110,15 +110,7 @@ def pod_command(
     """The DaemonSet container's args and env as the pod gets them, with the hostPath mapped to
     ``dirs.root`` and the two ports replaced (the test shares the host's network)."""
     container = daemonset_container()
-    args = []
-    for arg in container["args"]:
-        if arg.startswith("--ops-address="):
-            assert arg == "--ops-address=127.0.0.1:9464", "the full ops endpoint stays in the pod"
-            arg = f"--ops-address=127.0.0.1:{ops_port}"
-        elif arg.startswith("ops.public_address="):
-            assert arg == 'ops.public_address="0.0.0.0:9465"'
-            arg = f'ops.public_address="127.0.0.1:{public_port}"'
-        args.append(arg.replace(HOST_STATE, str(dirs.root)))
+    args = daemonset_args(str(dirs.root), ops_port, public_port)
     volumes = {v["name"]: v for v in daemonset_pod_spec()["volumes"]}
     (state,) = [m for m in container["volumeMounts"] if m["mountPath"] == HOST_STATE]
     assert volumes[state["name"]]["hostPath"]["path"] == HOST_STATE

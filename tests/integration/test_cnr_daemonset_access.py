@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import msgspec
 import pytest
 
 from nodeagent.kube import NODES, ClusterConfig, KubeClient, errors
+from tests.deploy.manifests import create_pod, delete_pod, pod_token
 from tests.support.apiserver import ApiServer
 from tests.support.crds import (
     CNR,
@@ -22,35 +22,14 @@ from tests.support.crds import (
     install_cnr_crd,
     until_cnr_access_enforced,
 )
-from tests.support.resources import PODS
 
 NODEAGENT_YAML = REPO_ROOT / "deploy" / "kubernetes" / "nodeagent.yaml"
 POLICY = "nodeagent-cnr-own-node-sa"
-NAMESPACE = SERVICE_ACCOUNT = "nodeagent"
 NODE = "ds-node-1"  # not a harness identity: only the token names it
 OTHER = "ds-node-2"
 POD = "nodeagent-ds-test"
 MANAGER = "nodeagent"
 STATUS = {"topologyPolicy": "None"}
-
-
-async def _token(admin: KubeClient, pod: dict[str, Any] | None) -> str:
-    """A token of the agent's service account, bound to ``pod`` like the one a pod is given."""
-    spec: dict[str, Any] = {"expirationSeconds": 3600}
-    if pod is not None:
-        ref = {"kind": "Pod", "apiVersion": "v1"}
-        spec["boundObjectRef"] = ref | {k: pod["metadata"][k] for k in ("name", "uid")}
-    answer = await admin.request(
-        "POST",
-        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{SERVICE_ACCOUNT}/token",
-        body=msgspec.json.encode({"apiVersion": "authentication.k8s.io/v1", "spec": spec}),
-        content_type="application/json",
-        verb="create",
-        resource="serviceaccounts",
-        idempotent=False,
-    )
-    token: str = msgspec.json.decode(answer)["status"]["token"]
-    return token
 
 
 def _client(apiserver: ApiServer, token: str) -> KubeClient:
@@ -67,22 +46,13 @@ async def agent(apiserver: ApiServer, admin_client: KubeClient) -> AsyncIterator
     await admin_client.apply(
         NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}, field_manager="t"
     )
-    pod = {
-        "metadata": {"name": POD},
-        "spec": {
-            "nodeName": NODE,
-            "serviceAccountName": SERVICE_ACCOUNT,
-            "containers": [{"name": "agent", "image": "nodeagent:latest"}],
-        },
-    }
-    created = msgspec.json.decode(await admin_client.create(PODS, pod, NAMESPACE))
+    created = await create_pod(admin_client, POD, NODE)
     try:
-        async with _client(apiserver, await _token(admin_client, created)) as client:
+        async with _client(apiserver, await pod_token(admin_client, created)) as client:
             await until_cnr_access_enforced(client, NODE, POLICY)
             yield client
     finally:
-        # No kubelet acknowledges a graceful delete: remove at once.
-        await admin_client.delete(PODS, POD, NAMESPACE, grace_period_seconds=0)
+        await delete_pod(admin_client, POD)
         await admin_client.delete(NODES, NODE)
         for name in (NODE, OTHER):
             with contextlib.suppress(errors.NotFound):
@@ -114,7 +84,7 @@ async def test_a_token_not_bound_to_a_node_is_refused(
     apiserver: ApiServer, admin_client: KubeClient, agent: KubeClient
 ) -> None:
     # `agent`: RBAC and the policy are in force, so a refusal here is the policy's.
-    async with _client(apiserver, await _token(admin_client, None)) as unbound:
+    async with _client(apiserver, await pod_token(admin_client, None)) as unbound:
         with pytest.raises(errors.Forbidden) as refused:
             await unbound.create(CNR, cnr(NODE))
     assert POLICY in refused.value.message
