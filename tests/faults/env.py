@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,7 +41,7 @@ T = TypeVar("T")
 # Every request of the identities the agent runs as, at Metadata level (no bodies).
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
 kind: Policy
-omitStages: ["RequestReceived", "ResponseStarted"]
+omitStages: ["RequestReceived"]  # ResponseStarted: a watch is seen when it opens
 rules:
 - level: Metadata
   users: ["system:node:node-a", "token-user"]
@@ -53,10 +54,16 @@ PLUGIN = f"""
 import json, os, sys, trio
 from nodeagent.sdk import Device, DevicePlugin
 
-async def main(registry_dir, path):
+async def main(registry_dir, path, register_as=None):
+    # register_as: serve from a private directory, then move the registration socket to this
+    # path (a second instance of the driver, "<driver>-<uid>-reg.sock" as in a rolling update).
+    endpoint = os.path.join(registry_dir, "dra.sock") if register_as else None
     async with DevicePlugin.serve(
-        name={DRIVER!r}, registry_dir=registry_dir, api="native", pool={NODE!r}
+        name={DRIVER!r}, registry_dir=registry_dir, api="native", pool={NODE!r},
+        endpoint=endpoint,
     ) as plugin:
+        if register_as:
+            os.rename(os.path.join(registry_dir, {DRIVER + "-reg.sock"!r}), register_as)
         seen = None
         while True:
             stamp = os.stat(path).st_mtime_ns
@@ -64,12 +71,22 @@ async def main(registry_dir, path):
                 seen = stamp
                 with open(path) as f:
                     devices = json.load(f)
+                if os.path.exists(path + ".flood"):  # a flood: n distinct inventories first
+                    with open(path + ".flood") as f:
+                        n = int(f.read())
+                    for i in range(n):
+                        await plugin.publish([
+                            Device(d["name"], dict(d["attributes"], flood=i),
+                                   capacity=d["capacity"]) for d in devices
+                        ])
+                        await trio.sleep(0)
+                    os.unlink(path + ".flood")
                 await plugin.publish([
                     Device(d["name"], d["attributes"], capacity=d["capacity"]) for d in devices
                 ])
             await trio.sleep(0.05)
 
-trio.run(main, sys.argv[1], sys.argv[2])
+trio.run(main, *sys.argv[1:])
 """
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
@@ -291,40 +308,47 @@ class FaultEnv:
 
     # -- the audit log ------------------------------------------------------
 
-    def audit_mark(self) -> int:
-        return self.audit_log.stat().st_size if self.audit_log.exists() else 0
+    def audit_mark(self) -> float:
+        """Now, for `audit_events`: requests are counted by when the apiserver received them
+        (a watch is logged when it ends, long after it began)."""
+        return time.time()
 
-    def audit_events(self, since: int) -> list[dict[str, Any]]:
+    def audit_events(self, since: float) -> list[dict[str, Any]]:
         if not self.audit_log.exists():
             return []
-        with self.audit_log.open("rb") as f:
-            f.seek(since)
-            data = f.read()
         out = []
-        for line in data.splitlines():
+        for line in self.audit_log.read_bytes().splitlines():
             try:
-                out.append(json.loads(line))
-            except ValueError:
+                event = json.loads(line)
+                received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+            except (ValueError, KeyError):
                 continue  # a line cut by an apiserver crash
+            if received >= since:
+                out.append(event)
         return out
 
-    def slice_writes(self, since: int) -> int:
+    def slice_writes(self, since: float) -> int:
         """Write requests the agent's identities sent for ResourceSlices since the mark."""
         return sum(
             1
             for e in self.audit_events(since)
             if e.get("verb") in WRITE_VERBS
+            and e.get("stage") == "ResponseComplete"
             and e.get("objectRef", {}).get("resource") == "resourceslices"
         )
 
-    def lists(self, since: int) -> int:
+    def lists(self, since: float) -> int:
         """Full reads the agent made since the mark: LISTs and streaming lists (a watch with
         ``sendInitialEvents=true``)."""
         return sum(
             1
             for e in self.audit_events(since)
-            if e.get("verb") == "list"
-            or (e.get("verb") == "watch" and "sendInitialEvents=true" in e.get("requestURI", ""))
+            if (e.get("verb") == "list" and e.get("stage") == "ResponseComplete")
+            or (
+                e.get("verb") == "watch"
+                and e.get("stage") == "ResponseStarted"
+                and "sendInitialEvents=true" in e.get("requestURI", "")
+            )
         )
 
     # -- a case -------------------------------------------------------------
@@ -377,9 +401,16 @@ class FaultEnv:
         self.kubeconfig.write_text(json.dumps(doc))
         return self.kubeconfig
 
-    def set_inventory(self, devices: list[dict[str, Any]]) -> None:
-        """What the plugin publishes next (it watches the file)."""
-        self.devices = devices
+    def set_inventory(
+        self, devices: list[dict[str, Any]], *, flood: int = 0, valid: bool = True
+    ) -> None:
+        """What the plugin publishes next (it watches the file); with ``flood``, preceded by
+        that many distinct inventories back to back. An invalid inventory is rejected by the
+        agent, so the expectation stays the last valid one."""
+        if valid:
+            self.devices = devices
+        if flood:
+            self.inventory_file.with_suffix(".json.flood").write_text(str(flood))
         tmp = self.inventory_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(devices))
         os.replace(tmp, self.inventory_file)
@@ -390,6 +421,27 @@ class FaultEnv:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+    def start_second_plugin(self, devices: list[dict[str, Any]]) -> subprocess.Popen[bytes]:
+        """A second live instance of the same driver (another registration socket in the
+        registry, its own service socket and inventory)."""
+        private = tempfile.mkdtemp(prefix="na-f2-", dir="/tmp")
+        inv = Path(private) / "inventory.json"
+        inv.write_text(json.dumps(devices))
+        sock = Path(self.registry) / f"{DRIVER}-second-reg.sock"
+        proc = subprocess.Popen(
+            [sys.executable, "-c", PLUGIN, private, str(inv), str(sock)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+        def stop() -> None:
+            proc.kill()
+            proc.wait(30)
+            shutil.rmtree(private, ignore_errors=True)
+
+        self.cleanups.append(stop)
+        return proc
 
     def kill_plugin(self) -> None:
         if self.plugin is not None:
@@ -424,9 +476,23 @@ class FaultEnv:
             self.agent.wait_ready()
         return self.agent
 
+    def plugin_registered(self) -> bool:
+        """Whether the agent's /v1/plugins shows the DRA plugin registered."""
+        assert self.agent is not None
+        plugins = json.loads(self.agent.get("/v1/plugins")[1])
+        return any(p["name"] == DRIVER and p["state"] == "registered" for p in plugins)
+
+    def ready(self) -> bool:
+        return self.agent is not None and self.agent.alive() and self.agent.get("/readyz")[0] == 200
+
     def settled(self, timeout: float = 60) -> float:
-        """Wait until the cluster equals the expectation; return when (monotonic)."""
-        until(lambda: self.diff().equal, "the slices to equal the plugin's inventory", timeout)
+        """Wait until the cluster equals the expectation and the agent is ready; return when
+        (monotonic)."""
+        until(
+            lambda: self.diff().equal and self.ready(),
+            "the slices to equal the plugin's inventory and the agent to be ready",
+            timeout,
+        )
         return time.monotonic()
 
     def end(self) -> None:

@@ -11,14 +11,16 @@ cluster being right, and the LISTs the agent sent.
 
 from __future__ import annotations
 
+import json
 import random
+import signal
 import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.faults.env import NODE, FaultEnv, inventory, until
+from tests.faults.env import DRIVER, NODE, FaultEnv, inventory, until
 from tests.support.faultproxy import FaultProxy
 
 # How long the cluster may stay wrong after a fault clears, and the writes a scenario may add
@@ -105,7 +107,7 @@ def run(env: FaultEnv, sc: Scenario) -> Result:
         writes = env.slice_writes(mark)
         agent = env.agent
         assert agent is not None
-        ready = agent.alive() and agent.get("/readyz")[0] == 200
+        ready = env.ready()
         recover = ok_at - cleared
         survived = (
             ready and diff.equal and recover <= sc.bound and writes - ctx.needed <= sc.extra_bound
@@ -340,6 +342,76 @@ def plugin_crash(ctx: Ctx) -> float:
     return time.monotonic()
 
 
+def plugin_hang(ctx: Ctx) -> float:
+    """SIGSTOP of the plugin for 5 s (its sockets accept, nothing answers; the agent's probe and
+    stream see silence), the inventory changed meanwhile, then SIGCONT."""
+    plugin = ctx.env.plugin
+    assert plugin is not None
+    plugin.send_signal(signal.SIGSTOP)
+    ctx.change("hung")
+    time.sleep(5)  # the hang's length, not a synchronisation
+    plugin.send_signal(signal.SIGCONT)
+    return time.monotonic()
+
+
+def plugin_flood(ctx: Ctx) -> float:
+    """2,000 distinct inventories back to back, then the final one: written a bounded number of
+    times (resources.min_sync_interval coalesces), the last one wins."""
+    ctx.env.set_inventory(inventory(4, "flooded"), flood=2000)
+    ctx.needed = 1
+    return time.monotonic()
+
+
+def plugin_invalid(ctx: Ctx) -> float:
+    """An invalid inventory (a device name that is not a DNS label): rejected as a whole, the
+    last valid one stays published; then a valid change is published."""
+    env = ctx.env
+    bad = inventory(4, "bad")
+    bad[1]["name"] = "Not_A_Label"
+    env.set_inventory(bad, valid=False)
+    until(
+        lambda: "Not_A_Label" in json.dumps(env.admin("GET", "/api/v1/namespaces/default/events")),
+        "the rejection Event",
+    )
+    if not env.diff().equal:
+        ctx.notes.append("the last valid inventory was not kept")
+    ctx.change("valid-again")
+    return time.monotonic()
+
+
+def plugin_socket_deleted(ctx: Ctx) -> float:
+    """The plugin's socket file deleted under its open stream (the plugin is gone as far as the
+    registry says): the slices stay for the disconnect grace; the plugin restarted with a new
+    inventory takes over."""
+    env = ctx.env
+    for sock in Path(env.registry).glob("*.sock"):
+        sock.unlink()
+    until(lambda: not env.plugin_registered(), "the agent to see the plugin gone")
+    if not env.diff().equal:
+        ctx.notes.append("slices changed within the disconnect grace")
+    env.kill_plugin()
+    ctx.change("new-socket")
+    env.start_plugin()
+    return time.monotonic()
+
+
+def two_plugins_one_name(ctx: Ctx) -> float:
+    """A second live instance of the driver registers (a rolling update): the newest
+    registration serves, so its inventory is published; when it stops, the first one's is
+    published again."""
+    env = ctx.env
+    first = env.devices
+    second = env.start_second_plugin(inventory(6, "second"))
+    env.devices = inventory(6, "second")
+    env.settled()
+    second.kill()
+    second.wait(30)
+    Path(env.registry, f"{DRIVER}-second-reg.sock").unlink(missing_ok=True)
+    env.devices = first
+    ctx.needed = 2  # the second instance's inventory, then the first's again
+    return time.monotonic()
+
+
 # -- the agent itself ---------------------------------------------------------------------
 
 
@@ -389,11 +461,10 @@ def full_disk(ctx: Ctx) -> float:
         subprocess.run(["cp", "-a", f"{saved}/.", str(mnt)], check=True)
         env.start_agent(*ctx.settings)
         filler = mnt / "filler"
-        with filler.open("wb") as f:
+        with filler.open("wb", buffering=0) as f:
             try:
                 while True:
                     f.write(b"\0" * 4096)
-                    f.flush()
             except OSError:
                 pass
         ctx.change("full")
@@ -430,6 +501,12 @@ SCENARIOS: list[Scenario] = [
         "token rotated + old revoked", token_rotation, fast=False, proxy="terminating", token=True
     ),
     Scenario("plugin kill -9 + restart", plugin_crash, fast=True),
+    Scenario("plugin hung 5 s (SIGSTOP)", plugin_hang, fast=False),
+    # A flood is written at most once per resources.min_sync_interval (0.1 s) while it lasts.
+    Scenario("plugin flood (2,000 messages)", plugin_flood, fast=True, extra_bound=10),
+    Scenario("plugin sends an invalid inventory", plugin_invalid, fast=False),
+    Scenario("plugin socket deleted mid-stream", plugin_socket_deleted, fast=False),
+    Scenario("two live plugins with one name", two_plugins_one_name, fast=False),
     Scenario("agent kill -9 x5 during writes", kill9_loop, fast=False, proxy="direct"),
     Scenario("corrupt checkpoints", corrupt_checkpoint, fast=True, proxy="direct"),
     Scenario("state dir disk full", full_disk, fast=False, proxy="direct"),
