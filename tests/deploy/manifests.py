@@ -77,15 +77,19 @@ async def apply_all(client: KubeClient) -> list[tuple[str, str]]:
     return [(d["kind"], d["metadata"]["name"]) for d in first + rest]
 
 
-def daemonset_pod_spec() -> dict[str, Any]:
-    """The pod template's spec of the shipped DaemonSet (the one in deploy/kubernetes)."""
+def _daemonset() -> dict[str, Any]:
     (daemonset,) = [
         doc
         for path in sorted(KUBERNETES_DIR.glob("*.yaml"))
         for doc in load_manifest(path)
         if doc["kind"] == "DaemonSet"
     ]
-    spec: dict[str, Any] = daemonset["spec"]["template"]["spec"]
+    return daemonset
+
+
+def daemonset_pod_spec() -> dict[str, Any]:
+    """The pod template's spec of the shipped DaemonSet (the one in deploy/kubernetes)."""
+    spec: dict[str, Any] = _daemonset()["spec"]["template"]["spec"]
     assert spec["serviceAccountName"] == SERVICE_ACCOUNT
     return spec
 
@@ -118,15 +122,14 @@ def daemonset_args(state_root: str, ops_port: int, public_port: int) -> list[str
 
 
 async def create_pod(admin: KubeClient, name: str, node: str) -> dict[str, Any]:
-    """A Pod object of the DaemonSet's service account bound to ``node`` (no kubelet runs it: it
-    only gives the token a pod to be bound to, and so a node to name)."""
+    """The Pod the DaemonSet controller would create on ``node``: the shipped pod template (so
+    the apiserver admits its spec: priority class, service account, security context, volumes)
+    bound to the node. No kubelet runs it: it gives the token a pod to be bound to, and so a node
+    to name."""
+    template = _daemonset()["spec"]["template"]
     pod = {
-        "metadata": {"name": name},
-        "spec": {
-            "nodeName": node,
-            "serviceAccountName": SERVICE_ACCOUNT,
-            "containers": [{"name": "nodeagent", "image": daemonset_container()["image"]}],
-        },
+        "metadata": template["metadata"] | {"name": name},
+        "spec": template["spec"] | {"nodeName": node},
     }
     created: dict[str, Any] = msgspec.json.decode(await admin.create(PODS, pod, NAMESPACE))
     return created
