@@ -8,6 +8,8 @@ import re
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
 
 import trio
 
@@ -72,8 +74,10 @@ async def probe(address: str) -> tuple[int, float]:
     return status_of(data), time.monotonic() - started
 
 
-async def idle_client(address: str) -> None:
-    """Connects and says nothing; reconnects whenever the server closes it."""
+async def reconnecting(
+    address: str, behave: Callable[[trio.SocketStream], Awaitable[None]]
+) -> None:
+    """An abusive client: connects, `behave`s until the server closes it, and reconnects."""
     while True:
         try:
             stream = await trio.open_tcp_stream(*split(address))
@@ -81,42 +85,35 @@ async def idle_client(address: str) -> None:
             await trio.sleep(0.05)
             continue
         async with stream:
-            try:
-                while await stream.receive_some(4096):
-                    pass
-            except trio.BrokenResourceError:
-                pass
+            with suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await behave(stream)
 
 
-async def slowloris_client(address: str) -> None:
-    """Sends a head one byte at a time, never finishing it; reconnects when closed."""
+async def idle(stream: trio.SocketStream) -> None:
+    """Says nothing; returns when the server closes."""
+    while await stream.receive_some(4096):
+        pass
+
+
+async def slowloris(stream: trio.SocketStream) -> None:
+    """Sends a head one byte at a time, never finishing it."""
+    await stream.send_all(b"GET /healthz HTTP/1.1\r\n")
     while True:
-        try:
-            stream = await trio.open_tcp_stream(*split(address))
-        except OSError:
-            await trio.sleep(0.05)
-            continue
-        async with stream:
-            try:
-                await stream.send_all(b"GET /healthz HTTP/1.1\r\n")
-                while True:
-                    await stream.send_all(b"X")
-                    await trio.sleep(0.3)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                pass
+        await stream.send_all(b"X")
+        await trio.sleep(0.3)
 
 
 async def attack_and_probe(
-    addresses: dict[str, str], idle: int, slow: int, seconds: float
+    addresses: dict[str, str], idle_clients: int, slow_clients: int, seconds: float
 ) -> dict[str, list[float]]:
-    """`idle` + `slow` abusive clients per listener while both are probed; probe latencies."""
+    """Abusive clients on each listener while both are probed; the probe latencies."""
     latencies: dict[str, list[float]] = {name: [] for name in addresses}
     async with trio.open_nursery() as attackers:
         for address in addresses.values():
-            for _ in range(idle):
-                attackers.start_soon(idle_client, address)
-            for _ in range(slow):
-                attackers.start_soon(slowloris_client, address)
+            for _ in range(idle_clients):
+                attackers.start_soon(reconnecting, address, idle)
+            for _ in range(slow_clients):
+                attackers.start_soon(reconnecting, address, slowloris)
         await trio.sleep(1.0)  # let them take their slots
         deadline = trio.current_time() + seconds
         while trio.current_time() < deadline:
@@ -136,9 +133,9 @@ async def test_healthz_answers_while_idle_and_slowloris_clients_hold_every_slot(
     addresses = {"main": agent.ops_address, "public": public}
     # Fewer than the slots: each abusive connection lives until its deadline (read timeout 1 s
     # for idle ones, head timeout 3 s for slowloris ones) and is answered 408.
-    few = await attack_and_probe(addresses, idle=30, slow=10, seconds=4.0)
+    few = await attack_and_probe(addresses, idle_clients=30, slow_clients=10, seconds=4.0)
     # More than max_connections (64) + probe_connections (8): the idle longest are evicted.
-    many = await attack_and_probe(addresses, idle=80, slow=24, seconds=6.0)
+    many = await attack_and_probe(addresses, idle_clients=80, slow_clients=24, seconds=6.0)
     for name in addresses:
         worst = max(few[name] + many[name])
         print(
