@@ -29,8 +29,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import trio
+
+from tests.integration.conftest import client_for
 from tests.process.conftest import NotifyListener, nodeagent_command
 from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.crds import install_cnr_crd, install_cnr_node_access
 from tests.support.faultproxy import FaultProxy
 
 NODE = "node-a"
@@ -90,6 +94,7 @@ trio.run(main, *sys.argv[1:])
 """
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
+CNR_PATH = f"/apis/node.katalyst.kubewharf.io/v1alpha1/customnoderesources/{NODE}"
 
 
 def inventory(n: int, tag: str = "a") -> list[dict[str, Any]]:
@@ -113,6 +118,20 @@ def _v1_device(d: dict[str, Any]) -> dict[str, Any]:
     return {"name": d["name"], "attributes": attrs, "capacity": caps}
 
 
+def _covers(want: Any, have: Any) -> bool:
+    """Everything in ``want`` is in ``have`` (which may hold more: fields the CRD defaults,
+    such as ``status.topologyPolicy``); lists element by element."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(_covers(v, have.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(_covers(w, h) for w, h in zip(want, have, strict=True))
+        )
+    return bool(want == have)
+
+
 def until(check: Callable[[], T | None], what: str, timeout: float = 60) -> T:
     """Poll real processes until ``check`` gives a value (a deadline, not a sleep)."""
     deadline = time.monotonic() + timeout
@@ -129,7 +148,7 @@ def until(check: Callable[[], T | None], what: str, timeout: float = 60) -> T:
 class Diff:
     """Observed slices against the expectation."""
 
-    lost: int  # expected devices missing (or differing) in the cluster
+    lost: int  # expected devices missing (or differing) in the cluster, + 1 for a wrong CNR
     duplicated: int  # devices present more than once, or slices beyond the expected count
     wrong: list[str]  # what else differs (owner, pool count, obsolete generations, labels)
 
@@ -205,6 +224,8 @@ class FaultEnv:
     kubeconfig: Path = field(default_factory=Path)
     token_auth: bool = False
     cleanups: list[Callable[[], object]] = field(default_factory=list)
+    # The CNR's spec and status as a fresh standalone agent on this machine merges them.
+    cnr_expected: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     @contextmanager
@@ -227,9 +248,54 @@ class FaultEnv:
                 FaultProxy(apiserver) as passthrough,
                 FaultProxy(apiserver, terminate_tls=True) as terminating,
             ):
-                yield cls(workdir, apiserver, passthrough, terminating, audit)
+                env = cls(workdir, apiserver, passthrough, terminating, audit)
+                trio.run(env._install_cnr)
+                env.cnr_expected = env._fresh_cnr()
+                yield env
         finally:
             apiserver.close()
+
+    async def _install_cnr(self) -> None:
+        """The shipped CNR CRD and node access manifests: node-a may write its own CNR."""
+        async with (
+            client_for(self.apiserver, "admin") as admin,
+            client_for(self.apiserver, NODE) as node,
+        ):
+            await install_cnr_crd(admin)
+            await install_cnr_node_access(admin, node, NODE)
+
+    def _fresh_cnr(self) -> dict[str, Any]:
+        """The CNR a fresh standalone agent merges (the system reporter, no plugins): what the
+        cluster's copy must equal after every fault."""
+        scratch = Path(tempfile.mkdtemp(prefix="fresh-", dir=self.dir))
+        registry = tempfile.mkdtemp(prefix="na-fr-", dir="/tmp")
+        agent = Agent(
+            self,
+            [
+                "run",
+                "--node-name",
+                NODE,
+                "--registry-dir",
+                registry,
+                "--state-dir",
+                str(scratch / "state"),
+                "--ops-address",
+                "127.0.0.1:0",
+            ],
+        )
+        try:
+            agent.wait_ready()
+
+            def merged() -> dict[str, Any] | None:
+                doc = json.loads(agent.get("/v1/cnr")[1])
+                cnr = doc.get("cnr") or {}
+                ok = "system-reporter-plugin" in doc["plugins"] and cnr.get("spec")
+                return {k: cnr.get(k) for k in ("spec", "status")} if ok else None
+
+            return until(merged, "the fresh agent's CNR")
+        finally:
+            agent.stop()
+            shutil.rmtree(registry, ignore_errors=True)
 
     # -- the cluster --------------------------------------------------------
 
@@ -304,6 +370,10 @@ class FaultEnv:
         duplicated = sum(n - 1 for n in seen.values()) + max(0, len(observed) - want_slices)
         if extra_names:
             wrong.append(f"devices not in the inventory: {sorted(extra_names)[:5]}")
+        status, cnr = self.admin("GET", CNR_PATH)
+        if status != 200 or not _covers(self.cnr_expected, cnr):
+            lost += 1
+            wrong.append(f"the CNR differs from a fresh agent's (GET {status})")
         return Diff(lost, duplicated, sorted(set(wrong)))
 
     # -- the audit log ------------------------------------------------------
@@ -335,6 +405,15 @@ class FaultEnv:
             if e.get("verb") in WRITE_VERBS
             and e.get("stage") == "ResponseComplete"
             and e.get("objectRef", {}).get("resource") == "resourceslices"
+        )
+
+    def cnr_writes(self, since: float) -> int:
+        return sum(
+            1
+            for e in self.audit_events(since)
+            if e.get("verb") in WRITE_VERBS
+            and e.get("stage") == "ResponseComplete"
+            and e.get("objectRef", {}).get("resource") == "customnoderesources"
         )
 
     def lists(self, since: float) -> int:

@@ -104,7 +104,7 @@ def run(env: FaultEnv, sc: Scenario) -> Result:
         # Watch the quiet period: the cluster must stay right and the agent must stop writing.
         time.sleep(QUIET)
         diff = env.diff()
-        writes = env.slice_writes(mark)
+        writes = env.slice_writes(mark) + env.cnr_writes(mark)
         agent = env.agent
         assert agent is not None
         ready = env.ready()
