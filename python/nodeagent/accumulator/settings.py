@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from nodeagent.core.errors import ConfigError
@@ -9,7 +11,8 @@ from nodeagent.core.errors import ConfigError
 
 class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Under churn, at most one change notification per this many seconds (an isolated change
-    # is offered at once).
+    # is offered at once). Static: each accumulator takes it when built, and it also paces the
+    # watch that delivers remote configs (a remote value must not slow down its own fix).
     max_interval: float = 1.0
     # A query whose list is Forbidden stops the agent instead of counting as synced-empty.
     forbidden_fatal: bool = False
@@ -21,11 +24,11 @@ class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     thread_threshold: int = 65536
 
     def validate(self) -> None:
-        if not self.max_interval > 0:
-            raise ConfigError("accumulator.max_interval", self.max_interval, "must be > 0")
-        if not self.forbidden_retry > 0:
-            raise ConfigError("accumulator.forbidden_retry", self.forbidden_retry, "must be > 0")
-        if not self.local_write_ttl > 0:
-            raise ConfigError("accumulator.local_write_ttl", self.local_write_ttl, "must be > 0")
+        # inf would be "never" (no notification under churn, no retry, own writes shown
+        # forever) and nan compares false everywhere: both refused.
+        for name in ("max_interval", "forbidden_retry", "local_write_ttl"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"accumulator.{name}", value, "must be a finite number > 0")
         if self.thread_threshold < 0:
             raise ConfigError("accumulator.thread_threshold", self.thread_threshold, "must be >= 0")

@@ -3,8 +3,8 @@ configuration document before the service validates it exactly as it validates t
 
 The dynamic set is explicit and small on purpose (operators asked KEP-281 to restrict which
 fields may change): a field is here only if a running agent takes it without a restart. Adding
-one means making its component read it live (the service's ConfigHub; plugins.stream_min_interval
-and accumulator.max_interval are candidates once their readers are) and adding it to
+one means making its component read it live (the service's ConfigHub; accumulator.max_interval
+stays static: it paces the very watch that delivers remote configs) and adding it to
 ``deploy/crds/nodeagent.io_nodeagentconfigs.yaml`` (a unit test keeps the three in sync).
 """
 
@@ -24,6 +24,7 @@ DYNAMIC_FIELDS: frozenset[str] = frozenset(
         "agent.log_level",
         "plugins.scan_interval",
         "plugins.probe_interval",
+        "plugins.stream_min_interval",
         "resources.min_sync_interval",
         "resources.disconnect_grace",
         "reporter.cnr_min_write_interval",

@@ -156,6 +156,9 @@ class StreamingHandler(ABC, Generic[M]):
     """A plugin type whose plugins push their state on one server-streaming call."""
 
     plugin_type: str
+    # The manager's live settings (the hub's plugins table): stream_min_interval is read from
+    # them at each message, so a change applies to running streams. None: the constructor's.
+    live_settings: LatestValue[PluginSettings] | None = None
 
     def __init__(
         self, bridge: GrpcBridge, settings: PluginSettings, *, uid_check: UidCheck | None = None
@@ -523,12 +526,11 @@ class StreamingHandler(ABC, Generic[M]):
         failure: list[Exception],
         nursery: trio.Nursery,
     ) -> None:
-        interval = self._settings.stream_min_interval
         last = -math.inf
         while True:
             await pending.arrived.wait()
             # Also a checkpoint: the reader drains what already arrived before we take one.
-            await trio.sleep_until(last + interval)
+            await self._min_interval_after(last)
             message = pending.take()
             if message is None:
                 continue
@@ -536,6 +538,20 @@ class StreamingHandler(ABC, Generic[M]):
             if not self._guarded_process(entry, stream, message, failure):
                 nursery.cancel_scope.cancel()
                 return
+
+    async def _min_interval_after(self, last: float) -> None:
+        """Sleep until stream_min_interval after `last`; a new interval (a reload) ends a wait
+        begun with the old one (60 s -> 0.1 s)."""
+        live = self.live_settings
+        if live is None:
+            await trio.sleep_until(last + self._settings.stream_min_interval)
+            return
+        while True:
+            version, due = live.version, last + live.value.stream_min_interval
+            with trio.move_on_at(due):
+                await live.wait_newer(version)
+                continue
+            return
 
     def _guarded_process(
         self, entry: _Entry, stream: _Stream, message: M, failure: list[Exception]

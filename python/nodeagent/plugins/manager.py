@@ -19,7 +19,7 @@ from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.plugins.dra import DraHandler
 from nodeagent.plugins.executor import OperationExecutor
-from nodeagent.plugins.handler import PluginHandler
+from nodeagent.plugins.handler import PluginHandler, StreamingHandler
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.reconciler import Reconciler
 from nodeagent.plugins.reporter import ReporterHandler
@@ -69,6 +69,9 @@ class PluginManager:
                 ReporterHandler(bridge, settings, uid_check=uid_allowed),
             ]
         self._handlers: dict[str, PluginHandler] = {h.plugin_type: h for h in handlers}
+        for handler in handlers:
+            if isinstance(handler, StreamingHandler):
+                handler.live_settings = self.live  # stream_min_interval applies to open streams
         # Bumped whenever registration state changes, so callers can wait for one.
         self.changes: LatestValue[None] = LatestValue(None)
         self._caches = Caches()
