@@ -195,6 +195,18 @@ def test_bad_requests_are_refused_counted_and_the_agent_stays_healthy(
             with socket.create_connection(split(address), timeout=5):
                 pass
         assert status_of(exchange(address, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+        # 1000 connections held open at once (the kernel queues what the agent has not accepted):
+        # the probe behind them is answered once they are accepted and the idle ones evicted.
+        held = [socket.create_connection(split(address), timeout=5) for _ in range(1000)]
+        try:
+            started = time.monotonic()
+            probe = exchange(address, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            seconds = time.monotonic() - started
+        finally:
+            for sock in held:
+                sock.close()
+        print(f"/healthz behind 1000 held connections: {seconds:.3f}s")
+        assert status_of(probe) == 200 and seconds < PROBE_BOUND, seconds
 
     status, text = agent.get("/metrics")
     assert status == 200
