@@ -8,6 +8,9 @@ editable tree), then
   - `nodeagent run` standalone reaches READY=1 on a notify socket and /readyz answers 200, and
     SIGTERM stops it cleanly (STOPPING=1, exit 0, no traceback).
 For every `--refused` interpreter pip must refuse the wheel with its Requires-Python message.
+With `--emulated`, `--python` is another architecture's interpreter run under qemu-user: the
+extension's results and the standalone run are checked there. With `--run-script-clone`,
+README's `bash scripts/run` is started in that fresh clone: it must install and reach READY.
 
 Standard library only: it runs under any python3, outside the project's venvs.
 """
@@ -40,6 +43,7 @@ assert n.quantity_cmp("1Gi", "1G") > 0
 print("ok")
 """
 STOP_TIMEOUT = 30.0
+INSTALL_TIMEOUT = 900.0  # scripts/run's first start builds the Rust extension
 
 
 def wheel_version(wheel: Path) -> tuple[str, str]:
@@ -111,13 +115,13 @@ def http_status(url: str) -> int:
         return exc.code
 
 
-def smoke_run(nodeagent: list[str], work: Path, env: dict[str, str], timeout: float) -> float:
+def smoke_run(nodeagent_run: list[str], work: Path, env: dict[str, str], timeout: float) -> float:
     """Run standalone to READY and /readyz 200, then SIGTERM; returns seconds to READY."""
     notify = Notify(work / "notify")
     stderr_path = work / "run.stderr"
     config = work / "config.toml"  # an empty file: defaults, whatever /etc/nodeagent holds
     config.write_text("")
-    command = [*nodeagent, "run", "--config", str(config), "--state-dir", str(work / "state")]
+    command = [*nodeagent_run, "--config", str(config), "--state-dir", str(work / "state")]
     command += ["--ops-address", "127.0.0.1:0"]
     started = time.monotonic()
     with stderr_path.open("w") as stderr:
@@ -218,7 +222,8 @@ def smoke(tools_python: str, python: str, wheel: Path, version: str, emulated: b
                 checked,
             )
 
-        to_ready = smoke_run(nodeagent, work, env, START_TIMEOUT * (3 if emulated else 1))
+        timeout = START_TIMEOUT * (3 if emulated else 1)
+        to_ready = smoke_run([*nodeagent, "run"], work, env, timeout)
         logged = (work / "run.stderr").read_text()
         expect(f"version={version}" in logged, "run logs the version", logged)
     checks = "the extension's results" if emulated else "--version, check-config"
@@ -245,12 +250,33 @@ def refused(tools_python: str, python: str, wheel: Path, requires: str) -> None:
     print(f"smoke: CPython {interpreter.strip()} ({python}): refused by pip ({requires})")
 
 
+def run_script(clone: Path, version: str) -> None:
+    """README's Quick start, `bash scripts/run`, in a fresh clone: it makes its venv, installs
+    the checkout and runs the agent to READY; a second start reuses the install."""
+    with tempfile.TemporaryDirectory(prefix="nodeagent-smoke-") as tmp:
+        work = Path(tmp)
+        # The user's own home (cargo, rustup and their caches), nothing else inherited.
+        env = {**clean_env(work), "HOME": os.environ["HOME"]}
+        script = ["bash", str(clone / "scripts" / "run")]
+        (work / "first").mkdir()
+        (work / "second").mkdir()
+        first = smoke_run(script, work / "first", env, INSTALL_TIMEOUT)
+        shown = run([str(clone / ".venv-run" / "bin" / "nodeagent"), "--version"], env=env)
+        expect(shown.stdout.strip() == f"nodeagent {version}", "--version", shown)
+        second = smoke_run(script, work / "second", env, START_TIMEOUT)
+    print(
+        f"smoke: bash scripts/run in a fresh clone: venv + install + READY in {first:.1f}s, "
+        f"SIGTERM -> 0; again (installed): READY in {second:.1f}s"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--wheel", type=Path, required=True)
     parser.add_argument("--tools-python", required=True, help="a python with a recent pip")
     parser.add_argument("--python", action="append", default=[], help="must install and run")
     parser.add_argument("--refused", action="append", default=[], help="pip must refuse")
+    parser.add_argument("--run-script-clone", type=Path, help="a fresh clone to run scripts/run in")
     parser.add_argument(
         "--emulated", action="store_true", help="--python is another architecture's (qemu-user)"
     )
@@ -262,6 +288,8 @@ def main() -> int:
         smoke(args.tools_python, python, args.wheel, version, args.emulated)
     for python in args.refused:
         refused(args.tools_python, python, args.wheel, requires)
+    if args.run_script_clone:
+        run_script(args.run_script_clone, version)
     return 0
 
 
