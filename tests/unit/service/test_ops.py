@@ -11,6 +11,7 @@ import prometheus_client
 import pytest
 import trio
 
+from nodeagent.core.errors import ConfigError
 from nodeagent.service.component import FatalError
 from nodeagent.service.http import Request
 from nodeagent.service.ops import OpsServer, readyz_response
@@ -372,3 +373,26 @@ async def test_bytes_in_any_view_are_not_python_reprs(nursery: trio.Nursery) -> 
     doc = json.loads((await get(ops, "/v1/cnr"))[2])
     assert doc["json"] == {"a": 1}
     assert doc["binary"]["base64"] == "/w==" and "not JSON" in doc["binary"]["note"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "rule"),
+    [
+        ({"public_address": "localhost:9465"}, "ops.public_address", "literal IP address"),
+        ({"public_address": "0.0.0.0"}, "ops.public_address", "HOST:PORT"),
+        ({"head_timeout": 0}, "ops.head_timeout", "> 0"),
+        ({"read_timeout": float("nan")}, "ops.read_timeout", "finite"),
+        ({"read_timeout": 5.0}, "ops.read_timeout", "<= ops.head_timeout (3)"),
+        ({"probe_connections": 0}, "ops.probe_connections", "1..1000"),
+    ],
+)
+def test_invalid_ops_settings_name_the_field(fields: dict[str, Any], field: str, rule: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        OpsSettings(**fields).validate()
+    assert field in str(info.value) and rule in str(info.value)
+
+
+def test_public_address_off_by_default_and_valid_when_set() -> None:
+    OpsSettings().validate()
+    OpsSettings(public_address="[::]:9465").validate()
+    assert OpsServer(OpsSettings(), FakeView()).public is None
