@@ -170,7 +170,15 @@ class OpsServer:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         listeners = [self.main] + ([self.public] if self.public is not None else [])
-        bound = [await self._bind(listener) for listener in listeners]
+        bound: list[list[trio.SocketListener]] = []
+        try:
+            for listener in listeners:
+                bound.append(await self._bind(listener))
+        except FatalError:
+            for sockets in bound:  # the ones already bound are not served: release them
+                for sock in sockets:
+                    await sock.aclose()
+            raise
         async with trio.open_nursery() as nursery:
             for listener, sockets in zip(listeners, bound, strict=True):
                 nursery.start_soon(
@@ -229,12 +237,11 @@ class OpsServer:
             request = await read_request(stream, parser, self.limits)
         except ClientGone:
             return
+        except HeadTimeout as exc:
+            OPS_CONNECTIONS.labels(listener=listener.name, outcome="timed_out").inc()
+            response = _text(exc.status, exc.detail + "\n")
         except HttpError as exc:
-            outcome = "timed_out" if isinstance(exc, HeadTimeout) else None
-            if outcome is not None:
-                OPS_CONNECTIONS.labels(listener=listener.name, outcome=outcome).inc()
-            else:
-                OPS_BAD_REQUESTS.labels(listener=listener.name, reason=exc.reason).inc()
+            OPS_BAD_REQUESTS.labels(listener=listener.name, reason=exc.reason).inc()
             response = _text(exc.status, exc.detail + "\n")
         else:
             listener.slots.busy(conn)
@@ -276,7 +283,7 @@ class OpsServer:
         try:
             return route(request)
         except Exception as exc:
-            log.exception("ops handler failed", path=request.path, error=str(exc))
+            log.exception("ops handler failed", path=printable(request.path), error=str(exc))
             return _text(500, f"internal error: {exc}\n")
 
     def _index(self, _: Request) -> Response:
