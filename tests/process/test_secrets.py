@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.kube.kubeconfig import ClusterConfig, ExecConfig
 from tests.process.conftest import NotifyListener, nodeagent_command
 from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
 
@@ -267,3 +268,17 @@ def test_failures_are_reported_without_the_secret(runs: list[Run]) -> None:
         in (by_name["exec plugin answering the wrong apiVersion"])
     )
     assert "cannot reach the vault" in by_name["failing exec plugin"]
+
+
+def test_credentials_are_left_out_of_the_loaded_config_repr() -> None:
+    # A repr in a log line, a traceback or a debugger must not carry the credentials.
+    config = ClusterConfig(
+        server="https://apiserver",
+        token="repr-token-secret",
+        client_key_data=b"repr-key-secret",
+        exec=ExecConfig(command="helper", api_version="v1", env=(("VAULT", "repr-env-secret"),)),
+    )
+    text = repr(config)
+    assert "https://apiserver" in text and "helper" in text
+    for secret in ("repr-token-secret", "repr-key-secret", "repr-env-secret"):
+        assert secret not in text

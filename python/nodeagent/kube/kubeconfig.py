@@ -97,7 +97,9 @@ class ExecConfig:
     command: str
     api_version: str
     args: tuple[str, ...] = ()
-    env: tuple[tuple[str, str], ...] = ()
+    # Left out of repr (like the token and key below): a repr in a log or traceback must not
+    # carry credentials.
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
     provide_cluster_info: bool = False
     install_hint: str | None = None
 
@@ -118,10 +120,10 @@ class ClusterConfig:
     insecure_skip_tls_verify: bool = False
     tls_server_name: str | None = None
     client_cert_data: bytes | None = None
-    client_key_data: bytes | None = None
+    client_key_data: bytes | None = field(default=None, repr=False)
     client_cert_file: str | None = None
     client_key_file: str | None = None
-    token: str | None = None
+    token: str | None = field(default=None, repr=False)
     token_file: str | None = None
     exec: ExecConfig | None = None
     namespace: str = "default"
