@@ -160,6 +160,7 @@ class DynconfigComponent:
         self.written: Condition | None = None
         self.condition_error: str | None = None
         self.condition_writes = 0
+        self.events_posted = 0  # Events created on the Node (apply, veto, invalid, rollback)
         # Wall time of the last assignment change seen, and how long it took to apply.
         self.last_apply_seconds: float | None = None
 
@@ -335,6 +336,7 @@ class DynconfigComponent:
                 }
                 try:
                     await self._client.create(CORE_EVENTS, body, "default")
+                    self.events_posted += 1
                 except KubeError as exc:
                     log.warning("event not recorded", reason=event.reason, error=str(exc))
 
@@ -359,5 +361,6 @@ class DynconfigComponent:
             "invalid": [{"name": n, "reason": r} for n, r in self.invalid],
             "crd_missing": self.crd_missing,
             "condition_writes": self.condition_writes,
+            "events_posted": self.events_posted,
             "condition_error": self.condition_error,
         }
