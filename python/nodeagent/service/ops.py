@@ -79,17 +79,25 @@ def format_address(sockaddr: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def readyz_response(reports: list[ComponentReport], request: Request) -> Response:
+def readyz_response(
+    reports: list[ComponentReport], request: Request, *, detail: bool = True
+) -> Response:
+    """/readyz; without `detail` (the public listener) only names and states, no reasons: those
+    carry error messages (paths, addresses, a credential helper's stderr) meant for the node."""
     ready = all(r.ready for r in reports)
     code = 200 if ready else 503
     if request.wants_json():
-        return _json(code, {"ready": ready, "components": [r.to_json() for r in reports]})
+        components = [
+            r.to_json() if detail else {"name": r.name, "ready": r.ready} for r in reports
+        ]
+        return _json(code, {"ready": ready, "components": components})
     verbose = "verbose" in request.query
     if ready and not verbose:
         return _text(code, "ok\n")
     lines = [
-        f"[{'+' if r.ready else '-'}]{r.name} {'ok' if r.ready else 'not ready'}: {r.reason}"
-        + ("" if r.restart_in is None else f" (restart in {r.restart_in:.1f}s)")
+        f"[{'+' if r.ready else '-'}]{r.name} {'ok' if r.ready else 'not ready'}"
+        + (f": {r.reason}" if detail else "")
+        + ("" if r.restart_in is None or not detail else f" (restart in {r.restart_in:.1f}s)")
         for r in reports
         if verbose or not r.ready
     ]
@@ -98,8 +106,7 @@ def readyz_response(reports: list[ComponentReport], request: Request) -> Respons
 
 
 PROBE_PATHS = frozenset({"/healthz", "/readyz"})
-# What the public listener serves: what a kubelet probe and a Prometheus scraper need.
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+Routes = dict[str, Callable[[Request], Response]]
 
 
 @dataclass
@@ -110,7 +117,7 @@ class Listener:
     setting: str  # the config field, for error messages
     configured: str
     slots: ConnectionSlots
-    paths: frozenset[str] | None  # None: every route
+    routes: Routes
     address: str | None = None
 
 
@@ -133,13 +140,7 @@ class OpsServer:
             head_timeout=settings.head_timeout,
             read_timeout=settings.read_timeout,
         )
-        self.main = self._listener("main", "ops.address", settings.address, None)
-        self.public = (
-            self._listener("public", "ops.public_address", settings.public_address, PUBLIC_PATHS)
-            if settings.public_address
-            else None
-        )
-        self._routes: dict[str, Callable[[Request], Response]] = {
+        self._routes: Routes = {
             "/": self._index,
             "/healthz": self._healthz,
             "/readyz": self._readyz,
@@ -150,14 +151,25 @@ class OpsServer:
             "/v1/cnr": lambda _: _json(200, self.view.cnr()),
             "/v1/config": lambda _: _json(200, self.view.effective_config()),
         }
+        # What a kubelet probe and a Prometheus scraper need, and no more: /readyz there names
+        # the components but not the reasons (error messages are for the node).
+        public_routes: Routes = {
+            "/healthz": self._healthz,
+            "/readyz": lambda r: readyz_response(self.view.readiness(), r, detail=False),
+            "/metrics": self._metrics,
+        }
+        self.main = self._listener("main", "ops.address", settings.address, self._routes)
+        self.public = (
+            self._listener("public", "ops.public_address", settings.public_address, public_routes)
+            if settings.public_address
+            else None
+        )
 
-    def _listener(
-        self, name: str, setting: str, address: str, paths: frozenset[str] | None
-    ) -> Listener:
+    def _listener(self, name: str, setting: str, address: str, routes: Routes) -> Listener:
         slots = ConnectionSlots(
             name, self.settings.max_connections, self.settings.probe_connections
         )
-        return Listener(name, setting, address, slots, paths)
+        return Listener(name, setting, address, slots, routes)
 
     @property
     def address(self) -> str | None:
@@ -199,7 +211,7 @@ class OpsServer:
             "ops endpoint listening",
             listener=listener.name,
             address=listener.address,
-            paths="all" if listener.paths is None else " ".join(sorted(listener.paths)),
+            paths=" ".join(p for p in listener.routes if p != "/"),
         )
         return sockets
 
@@ -247,7 +259,8 @@ class OpsServer:
             listener.slots.busy(conn)
             response = self._route(listener, conn, request)
         status, body, ctype = response
-        path = request.path if request is not None and request.path in self._routes else "other"
+        known = request is not None and request.path in listener.routes
+        path = request.path if request is not None and known else "other"
         OPS_REQUESTS.labels(path=path, code=str(status)).inc()
         head_only = request is not None and request.method == "HEAD"
         with trio.move_on_after(self.settings.request_timeout):
@@ -261,30 +274,13 @@ class OpsServer:
                 drained += len(chunk)
 
     def _route(self, listener: Listener, conn: Connection, request: Request) -> Response:
-        path = request.path.rstrip("/") or "/"
-        if listener.paths is not None and path not in listener.paths:
-            return _text(
-                404, "not found (this listener serves " + ", ".join(sorted(listener.paths)) + ")\n"
-            )
-        if conn.slot == "reserved" and path not in PROBE_PATHS:
+        if conn.slot == "reserved" and (request.path.rstrip("/") or "/") not in PROBE_PATHS:
             OPS_BAD_REQUESTS.labels(listener=listener.name, reason="not_probe").inc()
             return _text(503, "too many connections (reserved for /healthz and /readyz)\n")
-        response = self.dispatch(request)
+        response = dispatch(listener.routes, request)
         if response[0] == 405:
             OPS_BAD_REQUESTS.labels(listener=listener.name, reason="method").inc()
         return response
-
-    def dispatch(self, request: Request) -> Response:
-        route = self._routes.get(request.path.rstrip("/") or "/")
-        if route is None:
-            return _text(404, f"not found: {printable(request.path)}\n")
-        if request.method not in ("GET", "HEAD"):
-            return _text(405, "method not allowed (GET, HEAD)\n")
-        try:
-            return route(request)
-        except Exception as exc:
-            log.exception("ops handler failed", path=printable(request.path), error=str(exc))
-            return _text(500, f"internal error: {exc}\n")
 
     def _index(self, _: Request) -> Response:
         return _text(200, "".join(f"{p}\n" for p in self._routes if p != "/"))
@@ -302,6 +298,19 @@ class OpsServer:
 
     def _metrics(self, _: Request) -> Response:
         return 200, prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def dispatch(routes: Routes, request: Request) -> Response:
+    route = routes.get(request.path.rstrip("/") or "/")
+    if route is None:
+        return _text(404, f"not found: {printable(request.path)}\n")
+    if request.method not in ("GET", "HEAD"):
+        return _text(405, "method not allowed (GET, HEAD)\n")
+    try:
+        return route(request)
+    except Exception as exc:
+        log.exception("ops handler failed", path=printable(request.path), error=str(exc))
+        return _text(500, f"internal error: {exc}\n")
 
 
 def printable(text: str) -> str:

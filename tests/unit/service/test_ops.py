@@ -70,9 +70,11 @@ async def server(nursery: trio.Nursery) -> AsyncIterator[tuple[OpsServer, FakeVi
     yield ops, view
 
 
-async def raw(ops: OpsServer, data: bytes) -> tuple[int, dict[str, str], bytes]:
-    assert ops.address is not None
-    host, port = ops.address.rsplit(":", 1)
+async def raw(ops: OpsServer | str | None, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    """One request to a server's main listener, or to the listener at that address."""
+    address = ops.address if isinstance(ops, OpsServer) else ops
+    assert address is not None
+    host, port = address.rsplit(":", 1)
     with trio.fail_after(5):
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
@@ -87,7 +89,9 @@ async def raw(ops: OpsServer, data: bytes) -> tuple[int, dict[str, str], bytes]:
     return int(lines[0].split()[1]), headers, body
 
 
-async def get(ops: OpsServer, path: str, extra: str = "") -> tuple[int, dict[str, str], bytes]:
+async def get(
+    ops: OpsServer | str | None, path: str, extra: str = ""
+) -> tuple[int, dict[str, str], bytes]:
     return await raw(ops, f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode())
 
 
@@ -313,8 +317,7 @@ async def test_public_listener_serves_probes_and_metrics_only(nursery: trio.Nurs
     ops = OpsServer(OpsSettings(address="127.0.0.1:0", public_address="127.0.0.1:0"), FakeView())
     await nursery.start(ops.run)
     assert ops.public_address is not None and ops.public_address != ops.address
-    public = OpsServer.__new__(OpsServer)  # only its address is used by get()
-    public.main = ops.public  # type: ignore[assignment]
+    public = ops.public_address
     assert (await get(public, "/healthz"))[::2] == (200, b"ok\n")
     assert (await get(public, "/readyz"))[::2] == (200, b"ok\n")
     assert (await get(public, "/metrics"))[0] == 200
@@ -322,6 +325,24 @@ async def test_public_listener_serves_probes_and_metrics_only(nursery: trio.Nurs
         assert (await get(public, path))[0] == 404, path
     # The main listener still serves everything.
     assert (await get(ops, "/v1/config"))[0] == 200
+
+
+async def test_public_readyz_names_components_without_reasons(nursery: trio.Nursery) -> None:
+    view = FakeView()
+    view.reports = [OK, DOWN]
+    ops = OpsServer(OpsSettings(address="127.0.0.1:0", public_address="127.0.0.1:0"), view)
+    await nursery.start(ops.run)
+    public = ops.public_address
+    status, _, body = await get(public, "/readyz?verbose")
+    assert status == 503
+    assert body == b"[+]plugins ok\n[-]kube not ready\nreadyz check failed\n"
+    status, _, body = await get(public, "/readyz?format=json")
+    assert json.loads(body) == {
+        "ready": False,
+        "components": [{"name": "plugins", "ready": True}, {"name": "kube", "ready": False}],
+    }
+    # On the node (the main listener) the reasons are there.
+    assert b"failed: boom" in (await get(ops, "/readyz"))[2]
 
 
 async def test_unusable_public_address_is_fatal() -> None:
