@@ -6,6 +6,8 @@ import h11
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodeagent.service.http import (
     ClientGone,
@@ -165,3 +167,82 @@ async def test_error_response_after_a_parse_error_and_without_a_request() -> Non
     # No request at all (a timeout): the same head, written directly.
     out = render_response(None, 408, b"late\n", "text/plain")
     assert out.startswith(b"HTTP/1.1 408 Request Timeout\r\n") and out.endswith(b"\r\n\r\nlate\n")
+
+
+class Chunks(trio.abc.ReceiveStream):
+    """A client whose bytes arrive in the given pieces, then EOF."""
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self.chunks = list(chunks)
+        self.read = 0
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        await trio.lowlevel.checkpoint()
+        if not self.chunks:
+            return b""
+        chunk = self.chunks.pop(0)
+        if max_bytes is not None and len(chunk) > max_bytes:
+            chunk, rest = chunk[:max_bytes], chunk[max_bytes:]
+            self.chunks.insert(0, rest)
+        self.read += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        pass
+
+
+HEAD_PIECES = st.sampled_from(
+    [
+        b"GET ",
+        b"HEAD ",
+        b"/healthz",
+        b"/%00",
+        b"?a=b",
+        b" HTTP/1.1",
+        b" HTTP/1.0",
+        b"\r\n",
+        b"\n",
+        b"\r",
+        b"Host: x",
+        b": ",
+        b"\x00",
+        b"\xff",
+        b"\x1b[2J",
+        b" ",
+        b"\t",
+        b"X" * 700,
+        b"Content-Length: 5",
+        b"Transfer-Encoding: chunked",
+    ]
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    data=st.one_of(st.binary(max_size=3000), st.lists(HEAD_PIECES, max_size=40).map(b"".join)),
+    cuts=st.lists(st.integers(min_value=1, max_value=64), max_size=20),
+)
+def test_any_input_gives_a_request_or_a_refusal(data: bytes, cuts: list[int]) -> None:
+    # Whatever a client sends, in whatever pieces: a parsed request, an HttpError with a
+    # status to answer, or "gone"; never another exception, never more than the limit read.
+    chunks, rest = [], data
+    for cut in cuts:
+        chunks.append(rest[:cut])
+        rest = rest[cut:]
+    chunks = [c for c in chunks if c] + ([rest] if rest else [])
+
+    client = Chunks(chunks)
+
+    async def main() -> None:
+        try:
+            request = await read_request(client, new_connection(LIMITS), LIMITS)
+        except HttpError as exc:
+            assert 400 <= exc.status < 600 and exc.reason
+        except ClientGone:
+            assert not data
+        else:
+            assert request.method and request.path.startswith("/")
+            assert request.version in ("HTTP/1.0", "HTTP/1.1")
+
+    trio.run(main)
+    assert client.read <= LIMITS.max_bytes + 4
