@@ -161,8 +161,6 @@ class DynconfigComponent:
         self.condition_error: str | None = None
         self.condition_writes = 0
         self.events_posted = 0  # Events created on the Node (apply, veto, invalid, rollback)
-        # Wall time of the last assignment change seen, and how long it took to apply.
-        self.last_apply_seconds: float | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.accumulators, self.crd_missing, self.started = [], None, False
