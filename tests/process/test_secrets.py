@@ -123,14 +123,15 @@ def fetch(address: str, path: str) -> str:
         return str(exc.read().decode())
 
 
-def wait_for_ops_address(stderr: Path, proc: subprocess.Popen[str]) -> str:
+def wait_for_ops_addresses(stderr: Path, proc: subprocess.Popen[str]) -> dict[str, str]:
+    """{listener: address} from the "ops endpoint listening" log lines (main and public)."""
     deadline = time.monotonic() + 30
-    pattern = re.compile(r"ops endpoint listening.* listener=main address=(\S+)")
-    while not (match := pattern.search(stderr.read_text())):
+    pattern = re.compile(r"ops endpoint listening.* listener=(\w+) address=(\S+)")
+    while len(found := dict(pattern.findall(stderr.read_text()))) < 2:
         assert proc.poll() is None, stderr.read_text()[-3000:]
         assert time.monotonic() < deadline, "the ops endpoint never listened"
         time.sleep(0.1)
-    return match.group(1)
+    return found
 
 
 def run_agent(tmp_path: Path, name: str, config: Path, expect: str) -> Run:
@@ -160,17 +161,24 @@ def run_agent(tmp_path: Path, name: str, config: Path, expect: str) -> Run:
         "kube.max_attempts=2",
         "--set",
         "kube.request_timeout=2",
+        "--set",
+        'ops.public_address="127.0.0.1:0"',
     )
     with (work / "stdout").open("w") as out, (work / "stderr").open("w") as err:
         proc = subprocess.Popen(command, env=env, stdout=out, stderr=err, text=True)
     try:
         # Not READY=1: with credentials the apiserver refuses, start-up may not complete.
-        address = wait_for_ops_address(work / "stderr", proc)
+        addresses = wait_for_ops_addresses(work / "stderr", proc)
+        address = addresses["main"]
         deadline = time.monotonic() + 30
         while expect not in (readyz := fetch(address, "/readyz?verbose")):
             assert time.monotonic() < deadline, f"{name}: no {expect!r} in /readyz: {readyz}"
             time.sleep(0.2)
-        served = [f"== {path}\n{fetch(address, path)}" for path in OPS_PATHS]
+        served = [
+            f"== {name} {path}\n{fetch(where, path)}"
+            for name, where in addresses.items()
+            for path in OPS_PATHS
+        ]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
     finally:
