@@ -17,6 +17,7 @@ from nodeagent.service.http import Request
 from nodeagent.service.ops import OpsServer, readyz_response
 from nodeagent.service.opsconn import ConnectionSlots
 from nodeagent.service.settings import OpsSettings
+from nodeagent.service.status import config_document
 from nodeagent.service.supervisor import ComponentReport
 
 OK = ComponentReport("plugins", True, "2 plugins registered", "running", 0, None)
@@ -50,7 +51,8 @@ class FakeView:
         return {"node": "n1", "mode": "standalone", "cnr": {"kind": "CustomNodeResource"}}
 
     def effective_config(self) -> dict[str, Any]:
-        return {"ops": {"address": "x"}}
+        # The agent's /v1/config shape: the effective config and the dynamic-config states.
+        return config_document({"ops": {"address": "x"}}, None)
 
 
 @pytest.fixture
@@ -129,7 +131,10 @@ async def test_metrics_and_json_views(server: tuple[OpsServer, FakeView]) -> Non
     status, _, body = await get(ops, "/v1/plugins")
     assert json.loads(body) == [{"name": "p1", "type": "ReporterPlugin"}]
     assert json.loads((await get(ops, "/v1/status"))[2])["node"] == "n1"
-    assert json.loads((await get(ops, "/v1/config"))[2]) == {"ops": {"address": "x"}}
+    assert json.loads((await get(ops, "/v1/config"))[2]) == {
+        "effective": {"ops": {"address": "x"}},
+        "dynamic": None,
+    }
     assert json.loads((await get(ops, "/v1/cnr"))[2])["cnr"] == {"kind": "CustomNodeResource"}
 
 
