@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import tempfile
 import traceback
@@ -47,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-k", default="", help="only scenarios whose name contains this")
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: every case's agent and plugin are killed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     chosen = [s for s in SCENARIOS if (s.fast or not args.fast) and args.k in s.name]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nodeagent-faults-"))
     results: list[Result] = []
