@@ -74,7 +74,9 @@ step() { echo "[$(($(date +%s) - t0))s] $*"; }
 # cached by a hash of the sources, so free when CI or a release has built it already)
 if [ -z "$wheel" ]; then
   step "the nodeagent wheel (scripts/build-wheels)"
-  NODEAGENT_DIST="$work/dist" bash scripts/build-wheels >"$work/build-wheels.log" 2>&1 \
+  # x86_64 only: the image is amd64 (NODEAGENT_WHEEL_TARGETS may say otherwise)
+  NODEAGENT_WHEEL_TARGETS=${NODEAGENT_WHEEL_TARGETS:-x86_64-unknown-linux-gnu} \
+    NODEAGENT_DIST="$work/dist" bash scripts/build-wheels >"$work/build-wheels.log" 2>&1 \
     || { cat "$work/build-wheels.log" >&2; exit 1; }
   wheel=$(ls "$work"/dist/nodeagent-*-manylinux_*_x86_64.whl)
 fi

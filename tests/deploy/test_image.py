@@ -85,13 +85,14 @@ def build(out: pathlib.Path, *args: str, env: dict[str, str] | None = None) -> d
     return dict(line.split("=", 1) for line in lines)
 
 
-def podman(*args: str, check: bool = True) -> str:
+def podman(*args: str, check: bool = True, stderr: bool = False) -> str:
+    """podman's stdout (and stderr, where podman warns about this machine's cgroups, if asked)."""
     done = subprocess.run(
         [*PODMAN, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120
     )
     if check:
         assert done.returncode == 0, f"podman {' '.join(args)}: {done.stdout}{done.stderr}"
-    return done.stdout + done.stderr
+    return done.stdout + (done.stderr if stderr else "")
 
 
 def until(check: Callable[[], T | None], what: str, explain: Callable[[], str]) -> T:
@@ -133,7 +134,7 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The image built from this tree and loaded into podman (runc, podman from Debian)."""
     built = build(tmp_path_factory.mktemp("image"))
     subprocess.run(["bash", str(IMAGE_DIR / "tools.sh"), "podman", "runc"], check=True)
-    loaded = podman("load", "--input", built["ARCHIVE"])
+    loaded = podman("load", "--input", built["ARCHIVE"], stderr=True)
     assert f"Loaded image: {built['IMAGE']}" in loaded, loaded
     yield built
     podman("rmi", "--force", built["IMAGE"], check=False)
@@ -217,7 +218,7 @@ def test_the_image_as_its_default_user_connects_with_node_credentials(
     )
 
     def logs() -> str:
-        return podman("logs", container_name, check=False)
+        return podman("logs", container_name, check=False, stderr=True)
 
     try:
         fields = notify.wait_for("READY", timeout=WAIT)
@@ -358,7 +359,7 @@ def test_the_image_as_the_daemonset_pod_publishes_a_plugins_slices(
         )
 
         def logs() -> str:
-            return podman("logs", container_name, check=False) + plugin.log()
+            return podman("logs", container_name, check=False, stderr=True) + plugin.log()
 
         try:
             notify.wait_for("READY", timeout=WAIT)
@@ -379,6 +380,51 @@ def test_the_image_as_the_daemonset_pod_publishes_a_plugins_slices(
         assert status["Uid"].split()[0] == "0"
         assert int(status["CapEff"], 16) == 0, status["CapEff"]
         assert status["NoNewPrivs"] == "1"
+        assert stop(container_name) == 0, logs()
+    finally:
+        plugin.close()
+
+
+def test_the_default_user_cannot_open_a_root_plugins_socket(
+    image: dict[str, str],
+    container_name: str,
+    notify: NotifyListener,
+    dirs: KubeletDirs,
+    tmp_path: pathlib.Path,
+) -> None:
+    """Why the DaemonSet runs as UID 0: a plugin running as root (the kubelet convention) makes
+    its socket 0755, and connecting needs write permission on it."""
+    plugin = DraPlugin.start(DRIVER, dirs, [named_resources(instance("gpu-0"))], workdir=tmp_path)
+    try:
+        assert plugin.registration_socket.stat().st_mode & 0o022 == 0  # not group/other-writable
+        dirs.root.chmod(0o755)  # as a hostPath the kubelet creates (DirectoryOrCreate)
+        podman(
+            *RUN,
+            f"--name={container_name}",
+            f"--volume={dirs.root}:{dirs.root}",
+            f"--volume={pathlib.Path(notify.path).parent}:/run/notify",
+            "--env=NOTIFY_SOCKET=/run/notify/sock",
+            image["IMAGE"],
+            "run",
+            f"--registry-dir={dirs.registry}",
+            f"--state-dir={HOST_STATE}",
+            f"--node-name={NODE}",
+            "--ops-address=127.0.0.1:0",
+        )
+
+        def logs() -> str:
+            return podman("logs", container_name, check=False, stderr=True) + plugin.log()
+
+        fields = notify.wait_for("READY", timeout=WAIT)
+        address = fields["STATUS"].split("ops on ", 1)[1].split()[0]
+
+        def refused() -> str | None:
+            code, text = http_get(address, "/v1/plugins")
+            failed = [p for p in json.loads(text) if p["state"] == "failed"] if code == 200 else []
+            return failed[0]["last_error"] if failed else None
+
+        error = until(refused, "the registration to fail", logs)
+        assert "Permission denied" in error, error
         assert stop(container_name) == 0, logs()
     finally:
         plugin.close()
