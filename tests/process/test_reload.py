@@ -10,6 +10,7 @@ import json
 import shutil
 import signal
 import socket
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.process.conftest import AgentProcess, StartAgent
+from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
 from tests.process.test_process_resourceslices import until
 
 
@@ -127,6 +128,13 @@ def test_sighup_good_file_survives_its_trial_and_a_bad_one_is_rolled_back(
     assert dynamic["file"]["on_trial"] and dynamic["reason"] == "OnTrial"
     good_hash = dynamic["file"]["hash"]
     assert good_hash != first_hash
+    out = subprocess.run(
+        nodeagent_command("status", "--ops-address", agent.ops_address),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert f"config file {good_hash}, on trial" in out.stdout, out.stdout
     until(
         lambda: not _doc(agent, "/v1/config")["dynamic"]["file"]["on_trial"],
         "the good file's trial survived",
