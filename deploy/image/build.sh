@@ -62,8 +62,10 @@ venv=${NODEAGENT_VENV:-$repo/.venv}
 [ -x "$venv/bin/python" ] || bash scripts/setup >/dev/null
 work=$(mktemp -d "${TMPDIR:-/tmp}/nodeagent-image.XXXXXX")
 cleanup() {
-  # a chroot step may have left /proc mounted if it was interrupted
-  umount "$work/rootfs/proc" 2>/dev/null || true
+  # A chroot step interrupted leaves /proc mounted: never rm -rf into a live /proc.
+  if mountpoint -q "$work/rootfs/proc"; then
+    umount "$work/rootfs/proc" || umount -l "$work/rootfs/proc" || return
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
