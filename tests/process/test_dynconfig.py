@@ -10,7 +10,6 @@ import contextlib
 import json
 import signal
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,9 @@ import trio
 
 from nodeagent.kube import CORE_EVENTS, NODES, KubeClient, errors
 from tests.integration.conftest import client_for
-from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
+from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_process_resourceslices import until
+from tests.process.test_reload import status_text
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import REPO_ROOT, apply_manifest
 from tests.support.nodeagentconfig import (
@@ -202,14 +202,9 @@ def test_select_apply_condition_events_and_refused_config_kept(
         apiserver, "node-a", "OnTrial", "the OnTrial condition written with node-a's credentials"
     )
     assert dyn["active"]["hash"] in condition["message"]
-    out = subprocess.run(
-        nodeagent_command("status", "--ops-address", agent.ops_address),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert f"Config: active fleet ({dyn['active']['hash']})" in out.stdout, out.stdout
-    assert "last-known-good local (local)" in out.stdout
+    out = status_text(agent)
+    assert f"Config: active fleet ({dyn['active']['hash']})" in out, out
+    assert "last-known-good local (local)" in out
     events = until(
         lambda: [e for e in _events(apiserver, "node-a") if e["reason"] == "ConfigApplied"],
         "the ConfigApplied Event",

@@ -100,6 +100,17 @@ def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_fil
     assert "configuration loaded" in agent.stderr_text  # logged at info before the reload
 
 
+def status_text(agent: AgentProcess) -> str:
+    """What `nodeagent status` prints for the running agent."""
+    out = subprocess.run(
+        nodeagent_command("status", "--ops-address", agent.ops_address),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return out.stdout
+
+
 def _metric(agent: AgentProcess, line: str) -> float:
     for text in agent.get("/metrics")[1].splitlines():
         if text.startswith(line + " "):
@@ -128,13 +139,8 @@ def test_sighup_good_file_survives_its_trial_and_a_bad_one_is_rolled_back(
     assert dynamic["file"]["on_trial"] and dynamic["reason"] == "OnTrial"
     good_hash = dynamic["file"]["hash"]
     assert good_hash != first_hash
-    out = subprocess.run(
-        nodeagent_command("status", "--ops-address", agent.ops_address),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert f"config file {good_hash}, on trial" in out.stdout, out.stdout
+    out = status_text(agent)
+    assert f"config file {good_hash}, on trial" in out, out
     until(
         lambda: not _doc(agent, "/v1/config")["dynamic"]["file"]["on_trial"],
         "the good file's trial survived",
