@@ -376,6 +376,11 @@ def test_the_image_as_the_daemonset_pod_publishes_a_plugins_slices(
         assert until(
             lambda: http_get(f"127.0.0.1:{public_port}", "/readyz")[0] == 200, "/readyz", logs
         )
+        # `kubectl exec <pod> -- nodeagent status`: on PATH in the image, no shell needed.
+        shown = podman(
+            "exec", container_name, "nodeagent", "status", f"--ops-address=127.0.0.1:{ops_port}"
+        )
+        assert DRIVER in shown, shown
         status = proc_status(container_name)
         assert status["Uid"].split()[0] == "0"
         assert int(status["CapEff"], 16) == 0, status["CapEff"]
