@@ -342,8 +342,11 @@ async def test_the_daemonset_identity_cannot_write_another_nodes_objects(
     async with _client(apiserver, token) as pod:
         # RBAC and policies reach the apiserver's informers a moment after they are applied.
         await _until(lambda: _slice_policy_enforced(pod), "the ResourceSlice policy in force")
-        # Its own node's slice: allowed (dry-run: nothing stays).
-        await _dry_run_create(pod, _slice(NODE, "own-slice"))
+        # Its own node's slices: create, update and delete allowed.
+        own = msgspec.json.decode(await pod.create(RESOURCESLICES, _slice(NODE, "own-slice")))
+        own["metadata"]["labels"] = {"a": "b"}
+        await pod.update(RESOURCESLICES, own)
+        await pod.delete(RESOURCESLICES, "own-slice")
 
         refusals = []
         with pytest.raises(errors.Forbidden) as refused:
