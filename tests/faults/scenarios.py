@@ -447,8 +447,9 @@ def corrupt_checkpoint(ctx: Ctx) -> float:
 
 
 def full_disk(ctx: Ctx) -> float:
-    """The state dir on a 1 MiB tmpfs (mounted for real), filled to the last byte while the
-    agent runs and writes checkpoints, the inventory changed; then space freed."""
+    """The state dir on a 1 MiB tmpfs (mounted for real), filled to the last byte, then the
+    agent restarted on it (its start-up checkpoint writes fail) and the inventory changed;
+    then the space freed."""
     env = ctx.env
     assert env.agent is not None
     env.agent.stop()
@@ -457,25 +458,35 @@ def full_disk(ctx: Ctx) -> float:
     mnt.rename(saved)
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
-    try:
-        subprocess.run(["cp", "-a", f"{saved}/.", str(mnt)], check=True)
-        env.start_agent(*ctx.settings)
-        filler = mnt / "filler"
-        with filler.open("wb", buffering=0) as f:
-            try:
-                while True:
-                    f.write(b"\0" * 4096)
-            except OSError:
-                pass
-        ctx.change("full")
-        env.settled()
-        status = env.agent.get("/readyz")[0] if env.agent else 0
-        ctx.notes.append(f"disk full: cluster right, /readyz {status}")
-        filler.unlink()
-        return time.monotonic()
-    finally:
-        # Unmounted at the end of the case, once the agent is gone.
-        env.cleanups.append(lambda: subprocess.run(["umount", "-l", str(mnt)], check=False))
+    # Unmounted at the end of the case, once the agent is gone.
+    env.cleanups.append(lambda: subprocess.run(["umount", "-l", str(mnt)], check=False))
+    subprocess.run(["cp", "-a", f"{saved}/.", str(mnt)], check=True)
+    filler = mnt / "filler"
+    with filler.open("wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    agent = env.start_agent(*ctx.settings)
+    ctx.change("full")
+    env.settled()
+    failures = until(
+        lambda: metric(agent.get("/metrics")[1], "nodeagent_checkpoint_write_failures_total"),
+        "a failed checkpoint write",
+    )
+    ctx.notes.append(f"disk full: {failures:.0f} checkpoint writes failed, slices and CNR right")
+    filler.unlink()
+    return time.monotonic()
+
+
+def metric(text: str, name: str) -> float:
+    """The sum of a metric's samples in a /metrics page."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 SCENARIOS: list[Scenario] = [
