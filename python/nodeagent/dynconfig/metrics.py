@@ -22,7 +22,8 @@ LKG_INFO = Gauge(
 )
 ROLLBACKS = Counter(
     "nodeagent_config_rollbacks_total",
-    "Configs rolled back to last-known-good (unhealthy during the trial, or died during it).",
+    "Configs rolled back (unhealthy during the trial, or died during it): remote configs to "
+    "last-known-good, reloaded files to the file they replaced.",
 )
 VETOES = Counter(
     "nodeagent_config_vetoes_total",
