@@ -129,6 +129,16 @@ def stop(container: str) -> int:
     return int(podman("inspect", "--format", "{{.State.ExitCode}}", container).strip())
 
 
+def oci_blob(built: dict[str, str], digest: str) -> Any:
+    path = pathlib.Path(built["ARCHIVE"]).parent / "oci" / "blobs" / "sha256"
+    return json.loads((path / digest.removeprefix("sha256:")).read_text())
+
+
+def oci_config_digest(built: dict[str, str]) -> str:
+    digest: str = oci_blob(built, built["DIGEST"])["config"]["digest"]
+    return digest
+
+
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The image built from this tree and loaded into podman (runc, podman from Debian)."""
@@ -136,8 +146,12 @@ def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     subprocess.run(["bash", str(IMAGE_DIR / "tools.sh"), "podman", "runc"], check=True)
     loaded = podman("load", "--input", built["ARCHIVE"], stderr=True)
     assert f"Loaded image: {built['IMAGE']}" in loaded, loaded
+    # Run and remove it by its ID (podman's ID is the config's digest): another test run may load
+    # another build under the same name meanwhile, and must keep its containers (so no --force).
+    built["ID"] = oci_config_digest(built).removeprefix("sha256:")
+    podman("image", "exists", built["ID"])
     yield built
-    podman("rmi", "--force", built["IMAGE"], check=False)
+    podman("rmi", built["ID"], check=False)
 
 
 @pytest.fixture
@@ -178,17 +192,15 @@ def test_the_image_has_no_shell_and_a_non_root_default_user(image: dict[str, str
     for shell in ("sh", "bash", "dash", "busybox"):
         for where in ("bin", "usr/bin", "sbin", "usr/sbin"):
             assert not (rootfs / where / shell).exists(), f"/{where}/{shell} in the image"
-    layout = pathlib.Path(image["ARCHIVE"]).parent / "oci"
-    blob = layout / "blobs" / "sha256"
-    manifest = json.loads((blob / image["DIGEST"].removeprefix("sha256:")).read_text())
-    config = json.loads((blob / manifest["config"]["digest"].removeprefix("sha256:")).read_text())
+    manifest = oci_blob(image, image["DIGEST"])
+    config = oci_blob(image, oci_config_digest(image))
     assert len(manifest["layers"]) == 1
     assert config["config"]["User"] == f"{NONROOT}:{NONROOT}"
     # No shell in between: the kernel runs the console script's shebang (the venv's python).
     assert config["config"]["Entrypoint"] == ["/opt/nodeagent/bin/nodeagent"]
     shebang = (rootfs / "opt/nodeagent/bin/nodeagent").read_text().splitlines()[0]
     assert shebang == "#!/opt/nodeagent/bin/python"
-    version = podman("run", "--rm", "--network=none", *ULIMITS, image["IMAGE"], "--version")
+    version = podman("run", "--rm", "--network=none", *ULIMITS, image["ID"], "--version")
     assert version.strip() == f"nodeagent {image['IMAGE'].rpartition(':')[2]}", version
 
 
@@ -210,7 +222,7 @@ def test_the_image_as_its_default_user_connects_with_node_credentials(
         f"--volume={kubeconfig}:/etc/nodeagent/kubeconfig:ro",
         f"--volume={notify_dir}:/run/notify",
         "--env=NOTIFY_SOCKET=/run/notify/sock",
-        image["IMAGE"],
+        image["ID"],
         "run",
         "--kubeconfig=/etc/nodeagent/kubeconfig",
         f"--node-name={NODE}",
@@ -354,7 +366,7 @@ def test_the_image_as_the_daemonset_pod_publishes_a_plugins_slices(
             "--env=NOTIFY_SOCKET=/run/notify/sock",
             f"--env=KUBERNETES_SERVICE_HOST={host}",
             f"--env=KUBERNETES_SERVICE_PORT={port}",
-            image["IMAGE"],
+            image["ID"],
             *args,
         )
 
@@ -409,7 +421,7 @@ def test_the_default_user_cannot_open_a_root_plugins_socket(
             f"--volume={dirs.root}:{dirs.root}",
             f"--volume={pathlib.Path(notify.path).parent}:/run/notify",
             "--env=NOTIFY_SOCKET=/run/notify/sock",
-            image["IMAGE"],
+            image["ID"],
             "run",
             f"--registry-dir={dirs.registry}",
             f"--state-dir={HOST_STATE}",
