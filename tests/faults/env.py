@@ -469,24 +469,7 @@ class FaultEnv:
                 "client-certificate": str(self.creds / "client.crt"),
                 "client-key": str(self.creds / "client.key"),
             }
-        doc = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "c",
-                    "cluster": {
-                        "server": server,
-                        "certificate-authority": str(self.apiserver.ca_file),
-                    },
-                }
-            ],
-            "users": [{"name": "u", "user": user}],
-            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-            "current-context": "x",
-        }
-        self.kubeconfig.write_text(json.dumps(doc))
-        return self.kubeconfig
+        return self.apiserver.write_kubeconfig(self.kubeconfig, user, server)
 
     def set_inventory(
         self, devices: list[dict[str, Any]], *, flood: int = 0, valid: bool = True

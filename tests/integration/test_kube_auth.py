@@ -32,24 +32,7 @@ async def whoami(client: KubeClient) -> str:
 
 
 def _kubeconfig(apiserver: ApiServer, path: Path, user: dict[str, Any]) -> Path:
-    doc = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {
-                "name": "c",
-                "cluster": {
-                    "server": apiserver.url,
-                    "certificate-authority": str(apiserver.ca_file),
-                },
-            }
-        ],
-        "users": [{"name": "u", "user": user}],
-        "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
-        "current-context": "ctx",
-    }
-    path.write_text(json.dumps(doc))
-    return path
+    return apiserver.write_kubeconfig(path, user)
 
 
 async def test_bearer_token_and_client_cert_identities(apiserver: ApiServer) -> None:

@@ -256,6 +256,31 @@ class ApiServer:
     def ca_file(self) -> pathlib.Path:
         return self.dir / "ca.crt"
 
+    def write_kubeconfig(
+        self, path: pathlib.Path, user: Mapping[str, Any], server: str | None = None
+    ) -> pathlib.Path:
+        """Write a kubeconfig (JSON) for this server's CA and ``user`` (kubeconfig user fields:
+        ``tokenFile``, ``client-certificate``/``client-key`` paths, ...), pointing at ``server``
+        (default: this apiserver; a proxy in front of it, say)."""
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "c",
+                    "cluster": {
+                        "server": server or self.url,
+                        "certificate-authority": str(self.ca_file),
+                    },
+                }
+            ],
+            "users": [{"name": "u", "user": dict(user)}],
+            "contexts": [{"name": "ctx", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "ctx",
+        }
+        path.write_text(json.dumps(doc))
+        return path
+
     def ssl_context(self, identity: str | None = "admin") -> ssl.SSLContext:
         """Client TLS context trusting the harness CA, presenting identity's cert
         (None: no client cert, e.g. for token auth)."""
