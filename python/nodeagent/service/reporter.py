@@ -74,6 +74,8 @@ class ReporterComponent:
         self.writer: CnrWriter | None = None
         # Why the CNR is not written although connected: its CRD is not served.
         self.crd_missing: str | None = None
+        # Why the CNR kind is not known yet: discovery failed (the apiserver does not answer).
+        self.discovery_error: str | None = None
 
     @property
     def _settings(self) -> ReporterSettings:
@@ -94,14 +96,19 @@ class ReporterComponent:
                 return
             client = self._client
             if not await self._crd_served(client):
-                # A cluster without the CRD: the agent's other work must not wait for an
-                # optional kind. The merge is shown meanwhile; the CRD is looked for again.
+                # A cluster without the CRD, or an apiserver that does not answer yet (a node
+                # booted before its control plane): the agent's other work, and its READY to
+                # systemd, must not wait for an optional kind. The merge is shown meanwhile;
+                # the kind is looked for again (a missing CRD every cnr_retry_max, an
+                # unanswered discovery sooner, with backoff).
                 merging = trio.CancelScope()
                 await nursery.start(self._merge_only, store, merging)
                 task_status.started()
                 task_status = trio.TASK_STATUS_IGNORED
+                retry = Backoff(self._settings.cnr_retry_initial, self._settings.cnr_retry_max)
                 while True:
-                    await trio.sleep(self._settings.cnr_retry_max)
+                    wait = self._settings.cnr_retry_max if self.crd_missing else retry.next()
+                    await trio.sleep(wait)
                     if await self._crd_served(client):
                         break
                 merging.cancel()
@@ -132,19 +139,19 @@ class ReporterComponent:
             await writer.run(task_status=task_status)
 
     async def _crd_served(self, client: KubeClient) -> bool:
-        """Whether the apiserver serves the CNR kind; other discovery errors are retried."""
-        backoff = Backoff(1.0, self._settings.cnr_retry_max)
-        while True:
-            try:
-                await client.discover(CNR_API_VERSION, CNR_KIND)
-                return True
-            except NotFound as exc:
-                self.crd_missing = str(exc)
-                return False
-            except KubeError as exc:
-                self.crd_missing = None
-                log.warning("discovering the CNR kind failed: retrying", error=str(exc))
-                await trio.sleep(backoff.next())
+        """Whether the apiserver serves the CNR kind (False also when discovery fails)."""
+        try:
+            await client.discover(CNR_API_VERSION, CNR_KIND)
+            self.discovery_error = None
+            return True
+        except NotFound as exc:
+            self.crd_missing, self.discovery_error = str(exc), None
+            return False
+        except KubeError as exc:
+            self.crd_missing = None
+            self.discovery_error = str(exc)
+            log.warning("discovering the CNR kind failed: retrying", error=str(exc))
+            return False
 
     def readiness(self) -> Readiness:
         writer, acc = self.writer, self.accumulator
@@ -154,6 +161,11 @@ class ReporterComponent:
         bad = merged.bad if merged is not None else ()
         fields = len(merged.reported) if merged is not None else 0
         problems = f"; skipped {len(bad)} bad fields (first: {bad[0].describe()})" if bad else ""
+        if self.discovery_error is not None:
+            return False, (
+                f"looking for the CustomNodeResource kind fails ({self.discovery_error}): "
+                f"{fields} CNR fields merged, not written{problems}"
+            )
         if self.crd_missing is not None:
             return True, (
                 f"the CustomNodeResource CRD is not installed ({self.crd_missing}): {fields} CNR "

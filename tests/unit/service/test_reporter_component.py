@@ -121,3 +121,44 @@ async def test_connected_without_the_crd_is_ready_and_looks_again(
         await trio.sleep(65)
         assert client.discoveries == 3  # at start, then every cnr_retry_max
         nursery.cancel_scope.cancel()
+
+
+class UnreachableClient:
+    """An apiserver that does not answer yet (a node booted before its control plane)."""
+
+    def __init__(self) -> None:
+        self.discoveries = 0
+
+    async def discover(self, api_version: str, kind: str) -> None:
+        self.discoveries += 1
+        raise errors.TransportError("connect: connection refused", sent=False)
+
+
+async def test_unreachable_apiserver_does_not_hold_the_start_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    # Regression: discovery was retried inside the start, so the component never started and
+    # the agent never sent READY=1 (systemd's start timeout then kills a node booted offline).
+    client = UnreachableClient()
+    component = ReporterComponent(
+        node_name="n1",
+        plugins=LatestValue({}),
+        settings=ReporterSettings(cnr_retry_initial=1.0, cnr_retry_max=30.0),
+        accumulator_settings=AccumulatorSettings(),
+        state_dir=str(tmp_path),
+        client=cast(KubeClient, client),
+        in_tree=[InTree()],
+    )
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(1):
+            await nursery.start(component.run)
+        assert component.store is not None and component.writer is not None
+        await component.writer.wait_settled(component.store.latest.version)
+        ready, why = component.readiness()
+        assert not ready and "looking for the CustomNodeResource kind fails" in why
+        assert "connection refused" in why
+        assert component.view()["cnr"]["spec"]["nodeResourceProperties"][0]["propertyName"] == "cpu"
+        await trio.sleep(60)
+        # Looked for again with backoff (1, 2, 4, 8, 16, 30 s, jittered), not every 60 s.
+        assert 4 <= client.discoveries <= 9
+        nursery.cancel_scope.cancel()
