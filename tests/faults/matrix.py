@@ -23,14 +23,15 @@ from tests.faults.scenarios import SCENARIOS, Result, run
 
 
 def table(results: list[Result]) -> str:
-    head = ("fault", "survived", "lost/dup", "writes (needed)", "extra", "recover s", "LISTs")
+    head = ("fault", "survived", "lost/dup", "writes (needed)", "extra (bound)", "recover s")
+    head += ("LISTs",)
     rows = [
         (
             r.fault,
             "yes" if r.survived else "NO",
             f"{r.lost}/{r.duplicated}",
             f"{r.writes} ({r.needed})",
-            str(r.extra_writes),
+            f"{r.extra_writes} (≤ {r.allowed_extra})",
             "-" if math.isnan(r.recover_s) else f"{r.recover_s:.1f}",
             str(r.lists),
         )

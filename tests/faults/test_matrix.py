@@ -19,5 +19,5 @@ def test_fault_is_survived(fault_env: FaultEnv, scenario: Scenario) -> None:
     result = run(fault_env, scenario)
     assert (result.lost, result.duplicated) == (0, 0), result
     assert not math.isnan(result.recover_s) and result.recover_s <= scenario.bound, result
-    assert result.extra_writes <= scenario.extra_bound, result
+    assert result.extra_writes <= result.allowed_extra, result
     assert result.survived, result
