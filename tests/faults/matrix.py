@@ -23,8 +23,8 @@ from tests.faults.scenarios import SCENARIOS, Result, run
 
 
 def table(results: list[Result]) -> str:
-    head = ("fault", "survived", "lost/dup", "writes (needed)", "extra (bound)", "recover s")
-    head += ("LISTs",)
+    head = ["fault", "survived", "lost/dup", "writes (needed)", "extra (bound)", "recover s"]
+    head.append("LISTs")
     rows = [
         (
             r.fault,
