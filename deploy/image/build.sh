@@ -11,14 +11,15 @@
 #      owners) into an OCI archive that podman, skopeo, buildah, ctr and crane load.
 #
 # Every timestamp is SOURCE_DATE_EPOCH (default: the last commit's time), so two builds from the
-# same inputs give the same image digest (tests/deploy/test_image.py checks the layer, README says
-# what is and is not bit-reproducible). Debs and wheels are cached under
-# ~/.cache/nodeagent/image/, so a second build downloads nothing.
+# same inputs give the same image digest and archive bytes (tests/deploy/test_image.py checks it;
+# README "Container image" says what is and is not bit-reproducible). Debs, wheels and the
+# extracted base root filesystem are cached under ~/.cache/nodeagent/image/, so a second build
+# downloads nothing.
 #
 # Usage: deploy/image/build.sh [--wheel PATH] [--out DIR] [--tag TAG] [--relock]
 #   --relock: resolve the newest bookworm packages and PyPI wheels again and rewrite both lock
 #   files (needed when pyproject.toml's dependencies change or bookworm drops a pinned version).
-#   Output: DIR/nodeagent-oci.tar (OCI archive, image name nodeagent:TAG), DIR/oci (the layout),
+#   Output: DIR/nodeagent-oci.tar (OCI archive, named docker.io/library/nodeagent:TAG), DIR/oci,
 #   DIR/rootfs (the unpacked root filesystem, for running without a container engine), and
 #   DIR/image.env (DIGEST=..., TAG=..., SIZE_*=...). Default DIR is dist/image, TAG the version.
 # Needs root (chroot) and Debian's mmdebstrap and umoci, which deploy/image/tools.sh installs with
@@ -158,7 +159,8 @@ fi
 if [ "$relock" = 1 ]; then
   # every package the resolver chose (python3.11 and its dependencies), with its exact version
   { echo "# Written by deploy/image/build.sh --relock: the image's Debian bookworm packages, pinned."
-    mmdebstrap -v --mode=root --variant=extract --include="$(IFS=,; echo "${debs[*]}")" --simulate bookworm \
+    mmdebstrap -v --mode=root --variant=extract --include="$(IFS=,; echo "${debs[*]}")" \
+      --simulate bookworm \
       /dev/null http://deb.debian.org/debian 2>&1 | sed -n 's/^Inst \([^ ]*\) (\([^ ]*\) .*/\1=\2/p' \
       | sort; } >"$here/packages.lock"
   mapfile -t debs < <(grep -v '^\s*\(#\|$\)' "$here/packages.lock")
@@ -185,8 +187,9 @@ mv "$work/install" "$root/tmp/install"
 mkdir -p "$root/proc"
 mount -t proc proc "$root/proc"
 chroot "$root" /usr/bin/python3.11 -m venv --without-pip /opt/nodeagent
-env -i PYTHONPATH=/tmp/install/pip SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" PATH=/usr/bin:/bin "$(command -v chroot)" "$root" \
-  /opt/nodeagent/bin/python -m pip install --quiet --no-index --no-cache-dir \
+env -i PYTHONPATH=/tmp/install/pip SOURCE_DATE_EPOCH="$SOURCE_DATE_EPOCH" PATH=/usr/bin:/bin \
+  "$(command -v chroot)" "$root" /opt/nodeagent/bin/python -m pip install --quiet --no-index \
+  --no-cache-dir \
   --disable-pip-version-check --no-compile --find-links /tmp/install/wheels \
   /tmp/install/wheels/"$(basename "$wheel")"
 # Hash-based pycs do not depend on mtimes; unchecked because the image is never edited in place.
@@ -198,7 +201,9 @@ chroot "$root" /opt/nodeagent/bin/python -c \
 chroot "$root" /opt/nodeagent/bin/nodeagent --version
 umount "$root/proc"
 rm -rf "$root/tmp/install"
+# No dpkg database: what the image is made of, for scanners and people.
 printf '%s\n' "${debs[@]}" >"$root/opt/nodeagent/packages.lock"
+cp "$here/requirements.lock" "$root/opt/nodeagent/requirements.lock"
 # Nothing for the agent to change at run time except its state (a volume) and /tmp.
 chmod 1777 "$root/tmp"
 find "$root" -depth -exec touch --no-dereference --date="@$SOURCE_DATE_EPOCH" {} +
@@ -251,7 +256,8 @@ tar --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owne
 mv "$layout" "$out/oci"
 mv "$work/bundle/rootfs" "$out/rootfs"
 cp "$wheel" "$out/"
-digest=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' "$out/oci/index.json")
+digest=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["manifests"][0]["digest"])' \
+  "$out/oci/index.json")
 {
   echo "IMAGE=docker.io/library/$IMAGE_NAME:$tag"
   echo "DIGEST=$digest"
