@@ -72,3 +72,17 @@ def test_connects_with_node_credentials_and_tracks_apiserver_outage(
 
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=15) == 0
+
+
+def test_a_refused_identity_still_sends_ready_and_says_why(
+    apiserver: ApiServer, start_agent: StartAgent, tmp_path
+) -> None:
+    # Regression: a 401 on the CNR kind's discovery was retried inside the reporter's start, so
+    # READY=1 never came and systemd's start timeout would have killed the agent.
+    kubeconfig = apiserver.write_kubeconfig(tmp_path / "wrong.json", {"token": "not-a-token"})
+    agent = start_agent("--kubeconfig", str(kubeconfig), "--node-name", "node-a")
+    agent.wait_ready()
+    body = wait_readyz(agent, 503, "[-]reporter not ready: looking for the CustomNodeResource")
+    assert "401" in body or "Unauthorized" in body, body
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0
