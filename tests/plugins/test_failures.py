@@ -332,21 +332,24 @@ async def test_invalid_and_oversized_messages_are_rejected_and_last_good_data_ke
         await plugin.publish_message(report("huge", json.dumps("x" * 4096).encode()))
         await wait_until(
             manager,
-            lambda: status_item(manager, "bad")["messages_rejected"] == 4,
+            # >= : the reopened stream sends the plugin's latest (oversized) message again.
+            lambda: status_item(manager, "bad")["messages_rejected"] >= 4,
         )
         assert _errors("message_invalid") == invalid_before + 3
-        assert _errors("message_too_large") == large_before + 1
+        assert _errors("message_too_large") >= large_before + 1
         assert report_of(channel.value["bad"]).content[0].field[0].fieldName == "good"
         status = plugin_status(manager, "bad")
         assert status is not None
         assert status["last_message"]["content"][0]["field"][0]["fieldName"] == "good"
-        # The same stream goes on: the next good message is taken.
+        # Invalid messages were skipped on the same stream; the oversized one was refused from
+        # its length prefix, body unread, so that stream was reset and reopened. The reopened
+        # stream takes the next good message.
         await plugin.publish_message(report("better", b"2"))
         await wait_until(
             manager,
             lambda: report_of(channel.value["bad"]).content[0].field[0].fieldName == "better",
         )
-        assert status_item(manager, "bad")["stream_restarts"] == 0
+        assert status_item(manager, "bad")["stream_restarts"] >= 1
 
 
 async def test_unimplemented_stream_stops_without_forgetting_the_plugin(

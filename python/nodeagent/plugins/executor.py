@@ -179,7 +179,9 @@ class OperationExecutor:
 
     async def _register_steps(self, wanted: DesiredPlugin, record: PluginRecord) -> None:
         socket = wanted.socket
-        async with self._bridge.channel(socket) as channel:
+        async with self._bridge.channel(
+            socket, max_message_bytes=self._settings.max_message_bytes
+        ) as channel:
             try:
                 self._check_path(socket)
                 await self._check_peer(socket)

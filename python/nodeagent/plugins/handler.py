@@ -444,7 +444,11 @@ class StreamingHandler(ABC, Generic[M]):
                                     error=str(exc),
                                 )
                                 return
-                            kind = "peer_rejected" if isinstance(exc, PeerRejected) else "stream"
+                            kind: str | None = (
+                                "peer_rejected" if isinstance(exc, PeerRejected) else "stream"
+                            )
+                            if isinstance(exc, MessageTooLarge):
+                                kind = None  # counted as message_too_large when refused
                             error = str(exc)
                         except Exception as exc:
                             log.exception(
@@ -462,12 +466,15 @@ class StreamingHandler(ABC, Generic[M]):
                 self._set_state(stream, "stopped")
             stream.done.set()
 
-    async def _retry_later(self, stream: _Stream, backoff: Backoff, kind: str, error: str) -> None:
+    async def _retry_later(
+        self, stream: _Stream, backoff: Backoff, kind: str | None, error: str
+    ) -> None:
         stream.last_error = error
         stream.restarts += 1
         delay = backoff.next()
         self._set_state(stream, "backoff")
-        metrics.ERRORS.labels(kind=kind).inc()
+        if kind is not None:
+            metrics.ERRORS.labels(kind=kind).inc()
         metrics.STREAM_RESTARTS.labels(type=self.plugin_type).inc()
         log.warning(
             "plugin stream failed; reopening",
@@ -507,6 +514,11 @@ class StreamingHandler(ABC, Generic[M]):
                 message = await messages.__anext__()
             except StopAsyncIteration:
                 return None
+            except MessageTooLarge as exc:
+                # Refused from its length prefix, its body unread (and the stream reset by the
+                # bridge): the stream is out of step, so it ends here and is reopened.
+                self._reject(entry, stream.plugin.name, exc, "message_too_large")
+                return exc
             except MessageRejected as exc:
                 # The bytes were read in full, so the stream stays in step: skip just this one.
                 self._reject(entry, stream.plugin.name, exc, _rejection_kind(exc))

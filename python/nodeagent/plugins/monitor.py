@@ -75,7 +75,9 @@ class ConnectionMonitor:
 
     async def _probe(self, socket: str) -> None:
         """Dial, then GetInfo, each with its own (kubelet monitor) timeout."""
-        async with self._bridge.channel(socket) as channel:
+        async with self._bridge.channel(
+            socket, max_message_bytes=self._settings.max_message_bytes
+        ) as channel:
             await self._bridge.connect(channel, within=self._settings.probe_dial_timeout)
             stub = channel.stub(reg_grpc.RegistrationStub)
             await self._bridge.unary(

@@ -16,13 +16,20 @@ from nodeagent.plugins.handler import (
     PluginEndpoint,
     StreamingHandler,
     _Entry,
+    _rejection_kind,
     _Stream,
 )
 from nodeagent.plugins.security import UidCheck
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.versions import require_any_version
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
-from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel, RpcError, ServerStream
+from nodeagent.rpc.bridge import (
+    GrpcBridge,
+    GrpcChannel,
+    MessageRejected,
+    RpcError,
+    ServerStream,
+)
 
 __all__ = ["REPORTER_PLUGIN_TYPE", "SUPPORTED_VERSIONS", "ReporterHandler", "validate_report"]
 
@@ -128,6 +135,11 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
         self._polling.add(name)
         try:
             message = await self._call(plugin)
+        except MessageRejected as exc:  # oversized or malformed: counted like a stream's
+            if self._still_serving(entry, plugin):
+                self._reject(entry, name, exc, _rejection_kind(exc))
+            self._poll_failed(entry, plugin, exc)
+            return
         except RpcError as exc:
             self._poll_failed(entry, plugin, exc)
             return

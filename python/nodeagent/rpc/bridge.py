@@ -36,8 +36,12 @@ from grpclib.client import Stream as ClientStream
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import ProtocolError, StreamTerminatedError
+from grpclib.metadata import Deadline
 from grpclib.protocol import H2Protocol
+from grpclib.protocol import Stream as H2Stream
 from grpclib.server import Server
+from h2.errors import ErrorCodes
+from multidict import MultiDict
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -91,7 +95,8 @@ class MalformedMessage(MessageRejected):
 
 
 class _LimitedProtoCodec(ProtoCodec):
-    """grpclib has no receive-size limit: refuse oversized or undecodable messages here."""
+    """Refuses undecodable messages; the size limit is enforced before buffering (below), and
+    checked here again for messages that reach the codec some other way."""
 
     def __init__(self, max_message_bytes: int) -> None:
         self.max_message_bytes = max_message_bytes
@@ -103,6 +108,83 @@ class _LimitedProtoCodec(ProtoCodec):
             return message_type.FromString(data)
         except DecodeError as exc:
             raise MalformedMessage(str(exc)) from None
+
+
+def _limit_reads(stream: H2Stream, limit: int) -> None:
+    """Refuse a message longer than `limit` from its 5-byte gRPC prefix, before its body is read.
+
+    grpclib reads the prefix (``recv_data(5)``), then ``recv_data(length)`` for the body, which
+    waits until that many bytes are buffered, granting HTTP/2 window all the while: a peer
+    announcing 400 MB is sent window for all of it. Here a body read over the limit resets the
+    stream (RST_STREAM CANCEL: no more window for it, and h2 credits the connection window for
+    any DATA still in flight) and hands back the connection window of what was already buffered,
+    so the connection's other streams do not stall. At most one stream window (grpclib: 4 MiB)
+    of a refused message is ever held, and only until this returns.
+    """
+    read = stream.recv_data
+
+    async def recv_data(size: int) -> bytes:
+        if size > limit:
+            if stream.closable:
+                stream.reset_nowait(ErrorCodes.CANCEL)
+            buffered = stream.buffer.unacked_size()  # drains the buffer
+            if buffered and stream.id is not None:
+                stream.connection.ack(stream.id, buffered)
+            raise MessageTooLarge(size, limit)
+        data: bytes = await read(size)
+        return data
+
+    stream.recv_data = recv_data  # type: ignore[method-assign]
+
+
+class _LimitedClientStream(ClientStream[Any, Any]):
+    """A client call whose every received message is size-checked before buffering."""
+
+    def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_message_bytes = max_message_bytes
+
+    async def send_request(self, *, end: bool = False) -> None:
+        await super().send_request(end=end)
+        # The HTTP/2 stream exists from here on; nothing has been read from it yet.
+        _limit_reads(self._stream, self._max_message_bytes)
+
+
+class _LimitedChannel(Channel):
+    """A channel whose calls refuse oversized messages before buffering them."""
+
+    def __init__(self, *, path: str, codec: _LimitedProtoCodec) -> None:
+        super().__init__(path=path, codec=codec)
+        self._max_message_bytes = codec.max_message_bytes
+
+    def request(
+        self,
+        name: str,
+        cardinality: Any,
+        request_type: Any,
+        reply_type: Any,
+        *,
+        timeout: float | None = None,
+        deadline: Deadline | None = None,
+        metadata: Any = None,
+    ) -> ClientStream[Any, Any]:
+        # As grpclib's Channel.request, with the stream type replaced.
+        if timeout is not None:
+            limit = Deadline.from_timeout(timeout)
+            deadline = limit if deadline is None else min(limit, deadline)
+        return _LimitedClientStream(
+            self,
+            name,
+            MultiDict(metadata or ()),
+            cardinality,
+            request_type,
+            reply_type,
+            codec=self._codec,
+            status_details_codec=self._status_details_codec,
+            dispatch=self.__dispatch__,
+            deadline=deadline,
+            max_message_bytes=self._max_message_bytes,
+        )
 
 
 def _to_rpc_error(exc: BaseException) -> RpcError | None:
@@ -128,11 +210,11 @@ ConnectCheck = Callable[[socket.socket, str], None]
 raises (an RpcError subclass) to refuse the connection."""
 
 
-class _CheckedChannel(Channel):
+class _CheckedChannel(_LimitedChannel):
     """A unix-socket channel that connects the socket itself and runs `check` on it first, on
     every (re)connection: what is checked is the very connection the calls then use."""
 
-    def __init__(self, *, path: str, codec: ProtoCodec, check: ConnectCheck) -> None:
+    def __init__(self, *, path: str, codec: _LimitedProtoCodec, check: ConnectCheck) -> None:
         super().__init__(path=path, codec=codec)
         self._check = check
 
@@ -247,7 +329,7 @@ class GrpcBridge:
             codec = _LimitedProtoCodec(max_message_bytes)
             if check is not None:
                 return _CheckedChannel(path=path, codec=codec, check=check)
-            return Channel(path=path, codec=codec)
+            return _LimitedChannel(path=path, codec=codec)
 
         raw = await self._call(create)
         try:

@@ -51,6 +51,11 @@ class _FakeBridge:
         yield object()
 
 
+def _errors(kind: str) -> float:
+    value = REGISTRY.get_sample_value("nodeagent_plugin_errors_total", {"kind": kind})
+    return value or 0.0
+
+
 class _FakeStream:
     def __init__(self, items: list[Any]) -> None:
         self._items = items
@@ -326,27 +331,43 @@ async def test_rejected_messages_keep_the_last_good_one_on_the_same_stream(
     bad = rep.GetReportContentResponse(content=[rep.ReportContent()])
     settings = PluginSettings(stream_min_interval=0.0)
     handler = _ScriptedHandler(
-        [
-            [
-                _msg("good"),
-                _sleep(1),
-                MessageTooLarge(5_000_000, 4_194_304),
-                _sleep(1),
-                bad,
-                _sleep(1),
-                _msg("better"),
-                HANG,
-            ]
-        ],
-        settings,
+        [[_msg("good"), _sleep(1), bad, _sleep(1), _msg("better"), HANG]], settings
     )
     await nursery.start(handler.run)
     await handler.register(_plugin())
     await _wait(handler, lambda: _received(handler) == 2)
     status = _status(handler)
-    assert status["messages_rejected"] == 2
+    assert status["messages_rejected"] == 1
     assert status["stream_restarts"] == 0
     assert handler.latest.value["p"].message == _msg("better")
+
+
+async def test_an_oversized_message_ends_its_stream_and_keeps_the_last_good_one(
+    autojump_clock: trio.abc.Clock, nursery: trio.Nursery
+) -> None:
+    # Refused from its length prefix, the body unread: that stream cannot go on in step, so it
+    # is reopened (its rejection counted once, as message_too_large, not also as a stream error).
+    too_large = _errors("message_too_large")
+    stream_errors = _errors("stream")
+    settings = PluginSettings(stream_min_interval=0.0)
+    handler = _ScriptedHandler(
+        [
+            [_msg("good"), _sleep(1), MessageTooLarge(5_000_000, 4_194_304), HANG],
+            [_sleep(1), _msg("better"), HANG],
+        ],
+        settings,
+    )
+    await nursery.start(handler.run)
+    await handler.register(_plugin())
+    await _wait(handler, lambda: _status(handler)["messages_rejected"] == 1)
+    assert handler.latest.value["p"].message == _msg("good")
+    await _wait(handler, lambda: _received(handler) == 2)
+    status = _status(handler)
+    assert status["stream_restarts"] == 1
+    assert len(handler.opened_at) == 2
+    assert handler.latest.value["p"].message == _msg("better")
+    assert _errors("message_too_large") == too_large + 1
+    assert _errors("stream") == stream_errors
 
 
 async def test_every_stream_connection_is_peer_checked(
