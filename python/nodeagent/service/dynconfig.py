@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 import trio
 
 from nodeagent.accumulator import Accumulator
@@ -24,6 +25,7 @@ from nodeagent.config.loader import Override, apply_overrides, read_config_file
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig.controller import (
+    CONDITION_TYPE,
     Assignment,
     ComponentHealth,
     Condition,
@@ -158,6 +160,10 @@ class DynconfigComponent:
         self.selection_reason = "not selected yet"
         self.invalid: list[tuple[str, str]] = []
         self.written: Condition | None = None
+        # The UID of the Node the last condition was written to, and an event set when a Node
+        # of another UID (deleted and re-created by its kubelet) lacks it: written again.
+        self._written_uid: str | None = None
+        self._lost = trio.Event()
         self.condition_error: str | None = None
         self.condition_writes = 0
         self.events_posted = 0  # Events created on the Node (apply, veto, invalid, rollback)
@@ -212,6 +218,7 @@ class DynconfigComponent:
                 await wake.wait()
                 configs_changed = configs.update(snap)
                 if node.update(snap):
+                    self._check_condition(snap)
                     new_labels = self._labels(snap)
                     # Status-only changes of the Node (heartbeats, our condition) select nothing.
                     configs_changed = configs_changed or new_labels != labels
@@ -281,11 +288,37 @@ class DynconfigComponent:
             self._reports(),
         )
 
+    def _check_condition(self, snap: _Snap) -> None:
+        """Whether a re-created Node (another UID than the one written to) lacks the condition
+        written last; if so (found by the fault matrix: it stayed lost until the next config
+        change), forget it so that the writer writes it again. The same Node seen without it
+        is an older state than our write's, not a loss."""
+        if self.written is None or self._written_uid is None:
+            return
+        node = snap.node.lookup("", self.node_name)
+        uid = ((node or {}).get("metadata") or {}).get("uid")
+        if node is None or uid == self._written_uid:
+            return  # deleted: written again once it exists (its patch until then would 404)
+        want = ("True" if self.written.status else "False", self.written.reason)
+        conditions = (node.get("status") or {}).get("conditions") or []
+        have = [
+            (c.get("status"), c.get("reason"))
+            for c in conditions
+            if c.get("type") == CONDITION_TYPE
+        ]
+        if have != [want]:
+            log.info("NodeAgentConfigOK condition missing on the Node: writing it again")
+            self.written = None
+            self._lost.set()
+
     async def _write_conditions(self) -> None:
         # A refused write (RBAC without nodes/status) is retried with backoff, not per change.
         backoff = Backoff(1.0, 60.0)
         while True:
             changed = self.controller.changed
+            if self._lost.is_set():
+                self._lost = trio.Event()
+            lost = self._lost
             condition = self.controller.condition()
             if condition != self.written:
                 await self._patch_condition(condition)
@@ -294,11 +327,13 @@ class DynconfigComponent:
                     continue
                 backoff.reset()
             if self.controller.condition() == self.written:
-                await changed.wait()
+                async with trio.open_nursery() as nursery:  # whichever comes first
+                    for event in (changed, lost):
+                        nursery.start_soon(_cancel_when_set, event, nursery.cancel_scope)
 
     async def _patch_condition(self, condition: Condition) -> None:
         try:
-            await self._client.patch(
+            answer = await self._client.patch(
                 NODES,
                 self.node_name,
                 condition_patch(condition, time.time()),
@@ -312,6 +347,7 @@ class DynconfigComponent:
         self.condition_error = None
         self.condition_writes += 1
         self.written = condition
+        self._written_uid = _uid(answer)
 
     async def _post_events(self) -> None:
         while True:
@@ -362,3 +398,25 @@ class DynconfigComponent:
             "events_posted": self.events_posted,
             "condition_error": self.condition_error,
         }
+
+
+async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _uid(node: bytes) -> str | None:
+    """metadata.uid of a Node the server returned (None if it cannot be read)."""
+    try:
+        uid = msgspec.json.decode(node, type=_NodeHead).metadata.uid
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return uid or None
+
+
+class _Meta(msgspec.Struct):
+    uid: str = ""
+
+
+class _NodeHead(msgspec.Struct):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)

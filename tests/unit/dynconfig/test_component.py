@@ -5,6 +5,7 @@ reading as "no object targets this node", and a refused condition write is retri
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -39,12 +40,13 @@ class Client(FakeClient):
         self.refuse = False
         self.patches: list[float] = []  # trio time of each condition patch attempt
         self.events: list[dict[str, Any]] = []
+        self.node_uid = ""  # the UID of the Node a condition patch returns
 
     async def patch(self, resource: Resource, name: str, body: Any, **kw: Any) -> bytes:
         self.patches.append(trio.current_time())
         if self.refuse:
             raise errors.Forbidden(403, "Forbidden", "nodes/status is forbidden")
-        return b"{}"
+        return json.dumps({"metadata": {"name": name, "uid": self.node_uid}}).encode()
 
     async def create(self, resource: Resource, body: Any, namespace: str = "") -> bytes:
         self.events.append(body)
