@@ -34,8 +34,9 @@ import trio
 from tests.integration.conftest import client_for
 from tests.process.conftest import NotifyListener, nodeagent_command
 from tests.support.apiserver import ApiServer, start_apiserver
-from tests.support.crds import install_cnr_crd, install_cnr_node_access
+from tests.support.crds import REPO_ROOT, apply_manifest, install_cnr_crd, install_cnr_node_access
 from tests.support.faultproxy import FaultProxy
+from tests.support.nodeagentconfig import install_nodeagentconfig_crd
 
 NODE = "node-a"
 DRIVER = "gpu.example.com"
@@ -95,6 +96,9 @@ trio.run(main, *sys.argv[1:])
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 CNR_PATH = f"/apis/node.katalyst.kubewharf.io/v1alpha1/customnoderesources/{NODE}"
+NAC_NODE_ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
+# No NodeAgentConfig targets the node: the documented condition (README, Dynamic configuration).
+CONDITION = ("NodeAgentConfigOK", "True", "Local")
 
 
 def inventory(n: int, tag: str = "a") -> list[dict[str, Any]]:
@@ -148,7 +152,7 @@ def until(check: Callable[[], T | None], what: str, timeout: float = 60) -> T:
 class Diff:
     """Observed slices against the expectation."""
 
-    lost: int  # expected devices missing (or differing) in the cluster, + 1 for a wrong CNR
+    lost: int  # expected devices missing or differing, + 1 for a wrong CNR or Node condition
     duplicated: int  # devices present more than once, or slices beyond the expected count
     wrong: list[str]  # what else differs (owner, pool count, obsolete generations, labels)
 
@@ -258,13 +262,16 @@ class FaultEnv:
             apiserver.close()
 
     async def _install_cnr(self) -> None:
-        """The shipped CNR CRD and node access manifests: node-a may write its own CNR."""
+        """The shipped CRDs and node access manifests: node-a may write its own CNR and read
+        NodeAgentConfigs (none exist: its dynamic-config condition says `Local`)."""
         async with (
             client_for(self.apiserver, "admin") as admin,
             client_for(self.apiserver, NODE) as node,
         ):
             await install_cnr_crd(admin)
             await install_cnr_node_access(admin, node, NODE)
+            await install_nodeagentconfig_crd(admin)
+            await apply_manifest(admin, NAC_NODE_ACCESS)
 
     def _fresh_cnr(self) -> dict[str, Any]:
         """The CNR a fresh standalone agent merges (the system reporter, no plugins): what the
@@ -344,7 +351,15 @@ class FaultEnv:
         wrong: list[str] = []
         seen: dict[str, int] = {}
         got: dict[str, dict[str, Any]] = {}
-        uid = self.node_uid()
+        status, node = self.admin("GET", f"/api/v1/nodes/{NODE}")
+        uid = node["metadata"]["uid"] if status == 200 else None
+        conditions = (node.get("status") or {}).get("conditions") or [] if status == 200 else []
+        ours = [
+            (c["type"], c["status"], c["reason"]) for c in conditions if c["type"] == CONDITION[0]
+        ]
+        condition_lost = ours != [CONDITION]
+        if condition_lost:
+            wrong.append(f"Node condition {ours} != {[CONDITION]}")
         gens = {s["spec"]["pool"]["generation"] for s in observed}
         if len(gens) > 1:
             wrong.append(f"generations {sorted(gens)}")
@@ -367,7 +382,7 @@ class FaultEnv:
                     "attributes": d.get("attributes", {}),
                     "capacity": d.get("capacity", {}),
                 }
-        lost = sum(1 for d in expected if got.get(d["name"]) != d)
+        lost = sum(1 for d in expected if got.get(d["name"]) != d) + condition_lost
         extra_names = set(got) - {d["name"] for d in expected}
         duplicated = sum(n - 1 for n in seen.values()) + max(0, len(observed) - want_slices)
         if extra_names:
@@ -415,13 +430,20 @@ class FaultEnv:
             and e.get("objectRef", {}).get("resource") == "resourceslices"
         )
 
-    def cnr_writes(self, since: float) -> int:
+    def other_writes(self, since: float) -> int:
+        """Writes of the CNR and of the Node's status (the dynamic-config condition)."""
         return sum(
             1
             for e in self.audit_events(since)
             if e.get("verb") in WRITE_VERBS
             and e.get("stage") == "ResponseComplete"
-            and e.get("objectRef", {}).get("resource") == "customnoderesources"
+            and (
+                e.get("objectRef", {}).get("resource") == "customnoderesources"
+                or (
+                    e.get("objectRef", {}).get("resource") == "nodes"
+                    and e.get("objectRef", {}).get("subresource") == "status"
+                )
+            )
         )
 
     def lists(self, since: float) -> int:

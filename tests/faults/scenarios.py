@@ -107,7 +107,7 @@ def run(env: FaultEnv, sc: Scenario) -> Result:
         # Watch the quiet period: the cluster must stay right and the agent must stop writing.
         time.sleep(QUIET)
         diff = env.diff()
-        writes = env.slice_writes(mark) + env.cnr_writes(mark)
+        writes = env.slice_writes(mark) + env.other_writes(mark)
         agent = env.agent
         assert agent is not None
         ready = env.ready()
@@ -258,6 +258,7 @@ def node_recreated(ctx: Ctx) -> float:
     assert status == 200, body
     until(lambda: env.node_uid() is None, "the Node to be gone")
     env.ensure_node()
+    ctx.needed = 2  # the slice re-owned, the condition written on the new Node
     return time.monotonic()
 
 
