@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
 from nodeagent import __version__
 from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, parse_set
 from nodeagent.core.errors import ConfigError
+from nodeagent.log import escape_control
 from nodeagent.service.config import load_config
 
 EXIT_OK = 0
 EXIT_FATAL = 1
 EXIT_CONFIG = 2
+# What a shell reports for a Unix tool killed by SIGPIPE (`nodeagent status | head -1`).
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE
 
 # flag -> (TOML key, help)
 _FLAG_KEYS: dict[str, tuple[str, str]] = {
@@ -93,8 +98,19 @@ def overrides_from_args(args: argparse.Namespace) -> list[Override]:
     return out + [parse_set(text) for text in args.sets]
 
 
+def _error(message: str) -> None:
+    """One line on stderr; file contents and agent replies in it are shown escaped."""
+    print(escape_control(f"nodeagent: {message}"), file=sys.stderr)
+
+
+def _output(text: str) -> None:
+    """Write to stdout now: a closed pipe fails here (BrokenPipeError), not at exit."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def _config_failure(exc: ConfigError) -> int:
-    print(f"nodeagent: invalid configuration: {exc}", file=sys.stderr)
+    _error(f"invalid configuration: {exc}")
     return EXIT_CONFIG
 
 
@@ -106,7 +122,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _config_failure(exc)
     print(f"# effective configuration from {source or 'defaults'}", file=sys.stderr)
-    sys.stdout.write(to_json(config) if args.format == "json" else to_toml(config))
+    _output(to_json(config) if args.format == "json" else to_toml(config))
     return EXIT_OK
 
 
@@ -171,7 +187,7 @@ def _status_address(args: argparse.Namespace) -> str:
     try:
         config, _ = load_config(args.config)
     except ConfigError as exc:
-        print(f"nodeagent: ignoring invalid configuration ({exc})", file=sys.stderr)
+        _error(f"ignoring invalid configuration ({exc})")
         return "127.0.0.1:9464"
     return config.ops.address
 
@@ -184,12 +200,15 @@ def cmd_status(args: argparse.Namespace) -> int:
         doc = status.fetch(address, "/v1/status", args.timeout)
         plugins = status.fetch(address, "/v1/plugins", args.timeout)
     except status.Unreachable as exc:
-        print(f"nodeagent: cannot reach the agent's ops endpoint: {exc}", file=sys.stderr)
+        _error(f"cannot reach the agent's ops endpoint: {exc}")
         return status.EXIT_UNREACHABLE
+    # What plugins sent (names, errors) is shown escaped: JSON escapes controls itself but for
+    # DEL; the table escapes every cell and, here, everything else but its own line breaks.
     if args.json:
-        print(json.dumps({"status": doc, "plugins": plugins}, indent=2))
+        text = json.dumps({"status": doc, "plugins": plugins}, indent=2) + "\n"
+        _output(text.replace("\x7f", "\\u007f"))
     else:
-        sys.stdout.write(status.render(doc, plugins))
+        _output(escape_control(status.render(doc, plugins), keep="\n"))
     return status.exit_code(doc)
 
 
@@ -204,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands[args.command](args)
     except ConfigError as exc:  # e.g. a malformed --set
         return _config_failure(exc)
+    except BrokenPipeError:
+        # The reader left (`| head -1`): stop quietly with a Unix tool's status. stdout now
+        # points at /dev/null so the interpreter's last flush cannot fail (and print) again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

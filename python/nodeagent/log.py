@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
@@ -72,11 +73,43 @@ def get_logger(name: str) -> Logger:
     return Logger(name)
 
 
+# What a terminal or log viewer would act on rather than show: C0 controls (ESC starts escape
+# sequences, CR rewrites the line, LF forges a new record, BEL rings), DEL, C1 controls (0x9b is
+# a one-byte CSI), the Unicode line/paragraph separators and the bidirectional overrides and
+# isolates (text that reads differently from what it is).
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    char = match.group()
+    named = _NAMED.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_control(text: str, *, keep: str = "") -> str:
+    """`text` with every control character (and Unicode line separator or bidi override) shown
+    as an escape (``\\x1b``, ``\\r``, ``\\u202e``), so untrusted text (a plugin's name, an error
+    it sent) cannot drive the terminal or forge log lines. Characters in `keep` stay as they
+    are (e.g. the newlines of a table the program itself laid out)."""
+    if not _UNSAFE.search(text):
+        return text
+    if keep:
+        return "".join(
+            part if part in keep else _UNSAFE.sub(_escape_one, part)
+            for part in re.split(f"([{re.escape(keep)}])", text)
+        )
+    return _UNSAFE.sub(_escape_one, text)
+
+
 def _text_value(value: object) -> str:
     text = str(value)
     if not text or any(c in text for c in ' "=\n\t'):
-        return json.dumps(text)
-    return text
+        text = json.dumps(text)  # escapes C0 controls itself
+    return escape_control(text)
 
 
 class StructuredFormatter(logging.Formatter):
@@ -104,10 +137,12 @@ class StructuredFormatter(logging.Formatter):
                     for k, v in fields.items()
                 },
             }
-            line = json.dumps(doc, separators=(",", ":"))
+            # json.dumps escapes C0 controls and (ASCII output) C1 and bidi characters; DEL is
+            # the one control it leaves raw.
+            line = json.dumps(doc, separators=(",", ":")).replace("\x7f", "\\u007f")
         else:
             parts = [ts, record.levelname.lower(), record.name, _text_value(record.getMessage())]
-            parts += [f"{k}={_text_value(v)}" for k, v in fields.items()]
+            parts += [f"{escape_control(k)}={_text_value(v)}" for k, v in fields.items()]
             line = " ".join(parts)
         if self.priority_prefix:
             # Multi-line values (tracebacks) stay one record: escape newlines in text mode.

@@ -9,6 +9,8 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
+from nodeagent.log import escape_control
+
 EXIT_READY = 0
 EXIT_NOT_READY = 1
 EXIT_UNREACHABLE = 3
@@ -35,7 +37,8 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
-    return " ".join(str(value).split())
+    # Escaped here (not only on output) so an escaped cell's width is what the table pads to.
+    return escape_control(" ".join(str(value).split()))
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 60) -> str:
