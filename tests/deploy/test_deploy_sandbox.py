@@ -168,7 +168,7 @@ def test_the_agent_does_its_job_inside_the_units_sandbox(tmp_path: Path) -> None
         stderr=subprocess.PIPE,
         text=True,
     )
-    plugin: subprocess.Popen[str] | None = None
+    plugin: subprocess.Popen[bytes] | None = None
     try:
         _until("/readyz", lambda: _get(ops, "/readyz")[0] == 200)
         plugin = subprocess.Popen(
