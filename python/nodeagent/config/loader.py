@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import stat
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -93,24 +94,67 @@ def parse_set(assignment: str) -> Override:
     return Override(key, parse_set_value(value.strip()))
 
 
+# A node agent's config file is a few KiB; anything far larger is not one (or is /dev/zero).
+MAX_CONFIG_BYTES = 1024 * 1024
+
+
 def read_config_file(path: str | None) -> tuple[dict[str, Any], str | None]:
-    """The raw TOML document and the path it came from (None: the default file is absent)."""
+    """The raw TOML document and the path it came from (None: the default file is absent).
+
+    The file must be a regular file (or /dev/null) of at most MAX_CONFIG_BYTES, in UTF-8: a
+    FIFO, another device or a directory is refused at once (opened without blocking, checked
+    before any read), and the read stops at the bound, so no input can hang or exhaust the
+    process."""
     explicit = path is not None
     target = path if path is not None else DEFAULT_CONFIG_PATH
     try:
-        with open(target, "rb") as f:
-            data = f.read()
+        # O_NONBLOCK: opening a FIFO without a writer would otherwise wait forever.
+        fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except FileNotFoundError:
         if explicit:
             raise ConfigError("--config", target, "file does not exist") from None
         return {}, None
     except OSError as exc:
         raise ConfigError("--config", target, f"cannot be read: {exc.strerror}") from None
+    info = os.fstat(fd)
+    if not (stat.S_ISREG(info.st_mode) or _is_null_device(info)):
+        os.close(fd)
+        raise ConfigError("--config", target, "must be a regular file")
+    if info.st_size > MAX_CONFIG_BYTES:
+        os.close(fd)
+        raise ConfigError("--config", target, f"is larger than {MAX_CONFIG_BYTES} bytes")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)  # the file may have grown since fstat
+        except OSError as exc:
+            raise ConfigError("--config", target, f"cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("--config", target, f"is larger than {MAX_CONFIG_BYTES} bytes")
+    return decode_toml(data, target), target
+
+
+def _is_null_device(info: os.stat_result) -> bool:
+    """`--config /dev/null` (no settings, every default) is a common idiom: it reads as empty."""
+    return stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(1, 3)
+
+
+def decode_toml(data: bytes, source: str) -> dict[str, Any]:
+    """A TOML document from bytes that must be UTF-8; errors name `source` and where."""
     try:
-        raw = msgspec.toml.decode(data)
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(
+            "--config",
+            source,
+            f"not valid UTF-8: byte 0x{data[exc.start]:02x} at byte offset {exc.start} "
+            f"(line {line})",
+        ) from None
+    try:
+        raw: dict[str, Any] = msgspec.toml.decode(data)
     except msgspec.DecodeError as exc:
-        raise ConfigError("--config", target, f"invalid TOML: {exc}") from None
-    return raw, target
+        raise ConfigError("--config", source, f"invalid TOML: {exc}") from None
+    return raw
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[Override]) -> dict[str, Any]:

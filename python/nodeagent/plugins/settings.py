@@ -8,6 +8,7 @@ import os
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import check_seconds, check_uid
 
 __all__ = ["KUBELET_PLUGINS_DIR", "PluginSettings"]
 
@@ -78,8 +79,7 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                     )
         if self.allowed_uids is not None:
             for uid in self.allowed_uids:
-                if uid < 0:
-                    raise ConfigError("plugins.allowed_uids", uid, "a UID must be >= 0")
+                check_uid("plugins.allowed_uids", uid)
         for name in (
             "scan_interval",
             "probe_interval",
@@ -97,9 +97,7 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "report_poll_interval",
             "report_poll_timeout",
         ):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"plugins.{name}", value, "must be a finite number > 0")
+            check_seconds(f"plugins.{name}", getattr(self, name))
         if not math.isfinite(self.stream_min_interval) or self.stream_min_interval < 0:
             raise ConfigError(
                 "plugins.stream_min_interval",

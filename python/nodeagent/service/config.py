@@ -50,9 +50,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -> Config:
     agent = config.agent
     node_name = agent.node_name or default_node_name(environment)
+    # A relative state_dir is refused by AgentSettings.validate (it would depend on the working
+    # directory the agent happened to start in).
     state_dir = agent.state_dir or default_state_dir(environment)
-    if not os.path.isabs(state_dir):
-        state_dir = os.path.abspath(state_dir)
     agent = msgspec.structs.replace(agent, node_name=node_name, state_dir=state_dir)
 
     plugins = config.plugins
@@ -61,8 +61,10 @@ def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -
     # state dir, so a non-root agent works without any configuration.
     explicit = isinstance(raw_plugins, dict) and "registry_dir" in raw_plugins
     registry_dir = plugins.registry_dir if explicit else REGISTRY_SUBDIR
-    registry_dir = os.path.join(state_dir, registry_dir)  # no-op for absolute paths
-    plugins = msgspec.structs.replace(plugins, registry_dir=os.path.normpath(registry_dir))
+    if registry_dir:  # "" stays "": PluginSettings.validate refuses it (it is not state_dir)
+        # No-op for absolute paths.
+        registry_dir = os.path.normpath(os.path.join(state_dir, registry_dir))
+    plugins = msgspec.structs.replace(plugins, registry_dir=registry_dir)
     return msgspec.structs.replace(config, agent=agent, plugins=plugins)
 
 

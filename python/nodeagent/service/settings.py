@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import ipaddress
-import math
 from typing import Literal
 
 import msgspec
 
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.k8s import is_dns_subdomain
+from nodeagent.core.rules import MIN_SECONDS, check_seconds
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
 
 
-def _positive(field: str, value: float, *, maximum: float | None = None) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(field, value, "must be a finite number > 0")
-    if maximum is not None and value > maximum:
-        raise ConfigError(field, value, f"must be <= {maximum:g}")
+def _positive(
+    field: str, value: float, *, minimum: float = MIN_SECONDS, maximum: float | None = None
+) -> None:
+    check_seconds(field, value, minimum=minimum, maximum=maximum)
 
 
 class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -52,7 +51,8 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if not self.state_dir.startswith("/"):
             raise ConfigError("agent.state_dir", self.state_dir, "must be an absolute path")
         _positive("agent.shutdown_timeout", self.shutdown_timeout, maximum=600)
-        _positive("agent.heartbeat_interval", self.heartbeat_interval, maximum=60)
+        # The main loop's tick: faster than 100 Hz is a busy loop, not a heartbeat.
+        _positive("agent.heartbeat_interval", self.heartbeat_interval, minimum=0.01, maximum=60)
         _positive("agent.healthz_stale_after", self.healthz_stale_after)
         if self.healthz_stale_after <= self.heartbeat_interval:
             raise ConfigError(

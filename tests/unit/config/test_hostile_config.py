@@ -1,0 +1,129 @@
+"""Config input that used to crash, hang or be accepted is refused, naming what and why."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from nodeagent.cli import main
+from nodeagent.config.loader import MAX_CONFIG_BYTES, Environment, read_config_file
+from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import MAX_UID, MIN_SECONDS
+from nodeagent.plugins.settings import PluginSettings
+from nodeagent.service.config import build_config
+from nodeagent.service.settings import AgentSettings
+
+USER = Environment(uid=1000, env={}, hostname="laptop", home="/home/u")
+
+
+def _error(raw: dict[str, Any]) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        build_config(raw, (), USER)
+    return info.value
+
+
+def test_invalid_utf8_names_the_file_and_byte_offset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_bytes(b'[agent]\nnode_name = "n\xffx"\n')
+    with pytest.raises(ConfigError) as info:
+        read_config_file(str(path))
+    assert info.value.field == "--config" and info.value.value == str(path)
+    assert info.value.rule == "not valid UTF-8: byte 0xff at byte offset 22 (line 2)"
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "byte offset 22" in err and str(path) in err and "Traceback" not in err
+
+
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    for target, _ in [(str(tmp_path), "a directory"), ("/dev/zero", "a device")]:
+        with pytest.raises(ConfigError, match="must be a regular file"):
+            read_config_file(target)
+    # /dev/null is the usual "no file, every default" and reads as empty.
+    assert read_config_file("/dev/null") == ({}, "/dev/null")
+
+
+def test_a_fifo_is_refused_without_waiting_for_a_writer(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # The old open() blocked here until a writer came (forever); O_NONBLOCK returns at once.
+    with pytest.raises(ConfigError, match="must be a regular file"):
+        read_config_file(str(fifo))
+
+
+def test_the_size_is_bounded(tmp_path: Path) -> None:
+    path = tmp_path / "big.toml"
+    path.write_bytes(b"#" * (MAX_CONFIG_BYTES + 1))
+    with pytest.raises(ConfigError, match=f"is larger than {MAX_CONFIG_BYTES} bytes"):
+        read_config_file(str(path))
+    path.write_bytes(b"#" * MAX_CONFIG_BYTES)
+    assert read_config_file(str(path)) == ({}, str(path))
+
+
+def test_relative_state_dir_is_refused() -> None:
+    error = _error({"agent": {"state_dir": "var/state"}})
+    assert (error.field, error.value, error.rule) == (
+        "agent.state_dir",
+        "var/state",
+        "must be an absolute path",
+    )
+
+
+def test_empty_registry_dir_is_refused_not_taken_for_the_state_dir() -> None:
+    error = _error({"plugins": {"registry_dir": ""}})
+    assert (error.field, error.value, error.rule) == (
+        "plugins.registry_dir",
+        "",
+        "must not be empty",
+    )
+
+
+@pytest.mark.parametrize("uid", [-1, MAX_UID + 1, 2**63, 2**64 - 1])
+def test_uids_outside_uid_t_are_refused(uid: int) -> None:
+    error = _error({"plugins": {"allowed_uids": [0, uid]}})
+    assert error.field == "plugins.allowed_uids" and error.value == uid
+    assert error.rule == f"a UID must be >= 0 and <= {MAX_UID}"
+
+
+def test_the_largest_uid_is_accepted() -> None:
+    config = build_config({"plugins": {"allowed_uids": [0, MAX_UID]}}, (), USER)
+    assert config.plugins.allowed_uids == [0, MAX_UID]
+
+
+def _durations(struct: type[msgspec.Struct]) -> list[str]:
+    return [f.name for f in msgspec.structs.fields(struct) if f.type is float]
+
+
+# Every float setting of the two tables has a minimum and must be finite; those taking 0 for
+# "no wait" (stream_min_interval) take any finite value >= 0.
+ZERO_MEANS_NONE = {"stream_min_interval"}
+DURATIONS = [("agent", n) for n in _durations(AgentSettings)] + [
+    ("plugins", n) for n in _durations(PluginSettings)
+]
+CASES = [
+    (table, name, value)
+    for table, name in DURATIONS
+    for value in (1e-9, math.nan, math.inf, -1.0)
+    if not (name in ZERO_MEANS_NONE and value == 1e-9)
+]
+
+
+@pytest.mark.parametrize(("table", "name", "value"), CASES)
+def test_every_duration_refuses_absurd_values(table: str, name: str, value: float) -> None:
+    error = _error({table: {name: value}})
+    assert error.field == f"{table}.{name}"
+    assert error.value == value or (math.isnan(value) and math.isnan(float(str(error.value))))
+    assert error.rule.startswith("must be")
+
+
+def test_heartbeat_interval_names_its_minimum() -> None:
+    error = _error({"agent": {"heartbeat_interval": 1e-9}})
+    assert error.rule == "must be >= 0.01 (seconds)"
+    error = _error({"plugins": {"scan_interval": 1e-9}})
+    assert error.rule == f"must be >= {MIN_SECONDS:g} (seconds)"
