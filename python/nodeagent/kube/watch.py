@@ -104,6 +104,11 @@ _MARKER = INITIAL_EVENTS_END.encode()
 # What a server without streaming lists answers (422 Invalid "sendInitialEvents is forbidden for
 # watch unless the WatchList feature gate is enabled"; 400 from servers that reject the fields).
 _UNSUPPORTED = frozenset({400, 404, 405, 422})
+# A Forbidden watch after a good list relists (access revoked?) only once the watch has been
+# refused this many times in a row: an apiserver that has just started answers 403 until its
+# RBAC caches are synced (seen for ~1 s in the load runs), and a relist refused in that window
+# would serve the query as empty (README, "Load: many agents against one apiserver").
+FORBIDDEN_WATCHES_BEFORE_RELIST = 3
 
 
 class _BookmarkMeta(msgspec.Struct):
@@ -203,6 +208,8 @@ class _Watch:
         self.listing = False
         self.synced = False
         self.on_synced = on_synced
+        # Watches refused with 403 in a row since the last one the server accepted.
+        self.forbidden_in_a_row = 0
 
     def listed(self, rv: str) -> None:
         self.rv = rv
@@ -273,6 +280,7 @@ class _Watch:
             read_timeout=self.options.inactivity_timeout,
             resource=self.label,
         ) as resp:
+            self.forbidden_in_a_row = 0
             initial: _InitialEvents | None = None
             if rv is None:
                 WATCH_RELISTS.labels(self.label).inc()
@@ -336,10 +344,17 @@ class _Watch:
             self.rv = None
             return "gone"
         if isinstance(exc, errors.Forbidden):
+            self.forbidden_in_a_row += 1
+            if self.forbidden_in_a_row < FORBIDDEN_WATCHES_BEFORE_RELIST:
+                # Most likely an apiserver whose authorizer is still warming up: the watch is
+                # retried from the same resourceVersion after the backoff.
+                log.info("watch forbidden: retrying", resource=self.label, error=str(exc))
+                return "forbidden"
             # Access was revoked since the list (a watch is authorized when it opens): what the
             # sink holds can no longer be kept up to date. Relist: the list either works again
             # or raises Forbidden to the caller, which decides what a Forbidden resource means.
             log.warning("watch forbidden: relisting", resource=self.label, error=str(exc))
+            self.forbidden_in_a_row = 0
             self.rv = None
             return "forbidden"
         if isinstance(exc, errors.ApiError):

@@ -21,6 +21,7 @@ from nodeagent.kube import (
     run_watch,
 )
 from nodeagent.kube.kubeconfig import ClusterConfig
+from nodeagent.kube.watch import FORBIDDEN_WATCHES_BEFORE_RELIST
 from tests.support.informer import EventType, Informer, ObjectCache
 from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, obj, status
 
@@ -322,22 +323,39 @@ def _revoke_after_first_list(fake: FakeCluster, *errors_after: httpx.Response) -
 async def test_forbidden_watch_relists_and_a_forbidden_relist_is_raised(
     autojump_clock: trio.testing.MockClock, fake: FakeCluster
 ) -> None:
-    # Access revoked after a good list: the watch reconnect is refused first.
+    # Access revoked after a good list: the watch reconnect is refused first (3 times in a
+    # row: fewer could be an apiserver warming up its authorizer), then the relist.
     fake.objects = {"a": "1"}
-    fake.scripts = [status(403, "Forbidden", "revoked")]
+    fake.scripts = [status(403, "Forbidden", "revoked")] * FORBIDDEN_WATCHES_BEFORE_RELIST
     server = _revoke_after_first_list(fake, status(403, "Forbidden", "revoked"))
     sink = Sink()
     async with mock_client(server, max_attempts=1) as client:
         with trio.fail_after(60), pytest.raises(errors.Forbidden, match="revoked"):
             await run_watch(client, NS_CONFIGMAPS, sink)
-    assert len(fake.watches) == 1 and len(fake.lists) == 2
+    assert [rv for _, rv in fake.watches] == ["10"] * FORBIDDEN_WATCHES_BEFORE_RELIST
+    assert len(fake.lists) == 2
+
+
+async def test_a_forbidden_watch_is_retried_before_relisting(
+    autojump_clock: trio.testing.MockClock, fake: FakeCluster
+) -> None:
+    # A restarted apiserver refuses requests until its RBAC caches are synced: the watch is
+    # retried from where it was, with backoff, and nothing is relisted.
+    fake.objects = {"a": "1"}
+    warmup = status(403, "Forbidden", "authorizer warming up")
+    fake.scripts = [warmup] * (FORBIDDEN_WATCHES_BEFORE_RELIST - 1)
+    sink, _ = await _run(fake, lambda: len(fake.watches) == FORBIDDEN_WATCHES_BEFORE_RELIST)
+    assert [rv for _, rv in fake.watches] == ["10"] * FORBIDDEN_WATCHES_BEFORE_RELIST
+    assert len(fake.lists) == 1 and sink.events == [("ADDED", "a", "1")]
+    gaps = [b - a for (a, _), (b, _) in itertools.pairwise(fake.watches)]
+    assert all(g > 0 for g in gaps)  # after the watch backoff
 
 
 async def test_transiently_forbidden_watch_relists_and_resumes(
     autojump_clock: trio.testing.MockClock, fake: FakeCluster
 ) -> None:
     fake.objects = {"a": "1"}
-    fake.scripts = [status(403, "Forbidden", "authorizer hiccup")]
+    fake.scripts = [status(403, "Forbidden", "authorizer hiccup")] * FORBIDDEN_WATCHES_BEFORE_RELIST
 
     async def server(request: httpx.Request) -> httpx.Response:
         if len(fake.lists) == 1 and request.url.params.get("watch") != "true":
@@ -347,7 +365,8 @@ async def test_transiently_forbidden_watch_relists_and_resumes(
     sink = Sink()
     async with mock_client(server, max_attempts=1) as client, trio.open_nursery() as nursery:
         nursery.start_soon(lambda: run_watch(client, NS_CONFIGMAPS, sink))
-        await fake.wait(lambda: len(fake.watches) == 2)
+        await fake.wait(lambda: len(fake.watches) == FORBIDDEN_WATCHES_BEFORE_RELIST + 1)
         nursery.cancel_scope.cancel()
-    assert [rv for _, rv in fake.watches] == ["10", "12"]  # relisted, then watched from there
+    # Refused 3 times from "10", relisted, then watched from there.
+    assert [rv for _, rv in fake.watches] == ["10"] * FORBIDDEN_WATCHES_BEFORE_RELIST + ["12"]
     assert sink.events == [("ADDED", "a", "1"), ("ADDED", "b", "12")]
