@@ -364,8 +364,11 @@ def table(fig: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    p.add_argument("--agents", type=int, default=100)
+    p = argparse.ArgumentParser(
+        description="Load: many nodeagent processes (own node identity, Node, state dir, "
+        "registry and DRA plugin each) against one audited kube-apiserver; prints the figures."
+    )
+    p.add_argument("--agents", type=int, default=100, help="number of agents")
     p.add_argument("--steady", type=float, default=300.0, help="seconds of the steady window")
     p.add_argument("--settle", type=float, default=30.0, help="seconds after start-up before it")
     p.add_argument("--restart", action="store_true", help="restart the apiserver afterwards")
