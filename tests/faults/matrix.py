@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tests.faults.matrix            # every scenario (~5 min on 2 cores)
     .venv/bin/python -m tests.faults.matrix --fast     # the CI subset
-    .venv/bin/python -m tests.faults.matrix -k stall   # scenarios whose name contains "stall"
+    .venv/bin/python -m tests.faults.matrix -k stall,410   # names containing "stall" or "410"
 
 Exit status 1 if any scenario was not survived. Needs root only for the full-disk scenario
 (a tmpfs mount).
@@ -46,12 +46,15 @@ def table(results: list[Result]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fast", action="store_true", help="only the CI subset")
-    parser.add_argument("-k", default="", help="only scenarios whose name contains this")
+    parser.add_argument(
+        "-k", default="", help="only scenarios whose name contains this (several: a,b)"
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     args = parser.parse_args(argv)
     # SIGTERM unwinds like Ctrl-C: every case's agent and plugin are killed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    chosen = [s for s in SCENARIOS if (s.fast or not args.fast) and args.k in s.name]
+    words = args.k.split(",")
+    chosen = [s for s in SCENARIOS if (s.fast or not args.fast) and any(w in s.name for w in words)]
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="nodeagent-faults-"))
     results: list[Result] = []
     with FaultEnv.start(workdir) as env:

@@ -29,6 +29,10 @@ from tests.support.faultproxy import FaultProxy
 # under faults" explains each figure.
 DEFAULT_BOUND = 30.0
 QUIET = 3.0  # seconds watched after recovery: any write then is a storm
+# Writes every agent start makes: the NodeAgentConfigOK condition at boot ("running the local
+# config: no checkpoint"), then once the NodeAgentConfigs are read ("no NodeAgentConfig targets
+# the node").
+START_WRITES = 2
 
 
 @dataclass
@@ -70,7 +74,11 @@ class Ctx:
             self.env.agent.kill()
         else:
             self.env.agent.stop()
+        self.start_agent()
+
+    def start_agent(self) -> None:
         self.env.start_agent(*self.settings)
+        self.needed += START_WRITES
 
 
 Body = Callable[[Ctx], float]  # returns when the fault cleared (time.monotonic())
@@ -160,6 +168,15 @@ def stall(ctx: Ctx) -> float:
     start = time.monotonic()
     ctx.notes.append(f"{ctx.proxy.stall()} connections stalled")
     ctx.change("stall")
+    agent = ctx.env.agent
+    assert agent is not None
+    until(
+        lambda: metric(
+            agent.get("/metrics")[1],
+            'nodeagent_watch_restarts_total{resource="resourceslices",reason="inactivity"}',
+        ),
+        "the stalled slice watch to be noticed",
+    )
     return start
 
 
@@ -265,53 +282,12 @@ def node_recreated(ctx: Ctx) -> float:
 # -- credentials ---------------------------------------------------------------------------
 
 
-def _new_node_cert(env: FaultEnv, out: Path) -> tuple[Path, Path]:
-    """A second client certificate for system:node:node-a from the harness CA (openssl)."""
-    d = env.apiserver.dir
-    key, csr, crt = out / "rotated.key", out / "rotated.csr", out / "rotated.crt"
-    subj = f"/O=system:nodes/CN=system:node:{NODE}"
-    for argv in (
-        [
-            "openssl",
-            "req",
-            "-new",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-subj",
-            subj,
-            "-out",
-            str(csr),
-        ],
-        [
-            "openssl",
-            "x509",
-            "-req",
-            "-in",
-            str(csr),
-            "-CA",
-            str(d / "ca.crt"),
-            "-CAkey",
-            str(d / "ca.key"),
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-out",
-            str(crt),
-        ],
-    ):
-        subprocess.run(argv, check=True, capture_output=True)
-    return crt, key
-
-
 def cert_rotation(ctx: Ctx) -> float:
     """The client certificate files rewritten with a new key and certificate (what the
     kubelet's rotation does): new connections must present the new identity."""
     env, proxy = ctx.env, ctx.proxy
     assert proxy is not None
-    crt, key = _new_node_cert(env, env.dir)
+    crt, key = env.apiserver.issue_client_cert(NODE, env.creds / "rotated")
     proxy.add_identity("node-a-rotated", crt, key)
     # The key first: a reader between the two writes sees a mismatched pair and keeps the old.
     (env.creds / "client.key").write_bytes(key.read_bytes())
@@ -435,7 +411,7 @@ def kill9_loop(ctx: Ctx) -> float:
         ctx.change(f"kill{i}")
         time.sleep(rng.uniform(0, 0.5))  # where the kill lands: the fault, not a sync
         ctx.restart_agent(kill=True)
-    ctx.needed = 5  # each inventory may be written once before the next kill
+    ctx.needed += 4  # each inventory may be written once before the next kill
     return time.monotonic()
 
 
@@ -450,7 +426,7 @@ def corrupt_checkpoint(ctx: Ctx) -> float:
         p.write_bytes(b"\x00garbage" * 10)
     ctx.notes.append(f"{len(files)} checkpoint files corrupted")
     ctx.change("corrupt")
-    env.start_agent(*ctx.settings)
+    ctx.start_agent()
     until(
         lambda: len(list((env.state_dir / "checkpoints").glob("*.corrupt-*"))) >= len(files),
         "the corrupt checkpoints to be moved aside",
@@ -480,7 +456,9 @@ def full_disk(ctx: Ctx) -> float:
                 f.write(b"\0" * 4096)
         except OSError:
             pass
-    agent = env.start_agent(*ctx.settings)
+    ctx.start_agent()
+    agent = env.agent
+    assert agent is not None
     ctx.change("full")
     env.settled()
     failures = until(

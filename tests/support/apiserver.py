@@ -256,6 +256,24 @@ class ApiServer:
     def ca_file(self) -> pathlib.Path:
         return self.dir / "ca.crt"
 
+    def issue_client_cert(
+        self, node: str, out_dir: pathlib.Path
+    ) -> tuple[pathlib.Path, pathlib.Path]:
+        """A new certificate and key for ``system:node:<node>`` from the harness CA, written
+        into ``out_dir`` (a rotated identity: the server accepts it beside the first one).
+        Returns (cert, key) paths."""
+        out = pathlib.Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("ca.crt", "ca.key", "token-a"):  # the harness issues what is missing
+            (out / name).write_bytes((self.dir / name).read_bytes())
+        argv = [str(self.binary), "certs", "--dir", str(out), "--nodes", node]
+        argv += ["--server", self.url]
+        proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ApiServerError(f"harness certs failed ({proc.returncode}):\n{proc.stderr}")
+        (out / "ca.key").unlink()
+        return out / f"{node}.crt", out / f"{node}.key"
+
     def write_kubeconfig(
         self, path: pathlib.Path, user: Mapping[str, Any], server: str | None = None
     ) -> pathlib.Path:
