@@ -253,6 +253,7 @@ class _Watch:
                 raise self._list_failure(exc) from exc
             return self._watch_failure(exc)
         if self.listing:
+            WATCH_STREAMING_LISTS.labels(self.label, "failed").inc()
             raise errors.BadResponse(
                 f"streaming list of {self.label} ended ({reason}) before the "
                 f"{INITIAL_EVENTS_END} bookmark"
@@ -319,11 +320,13 @@ class _Watch:
 
     def _list_failure(self, exc: Exception) -> Exception:
         """What a streaming list that failed before its end bookmark raises."""
+        if (
+            isinstance(exc, errors.ApiError)
+            and exc.code in _UNSUPPORTED
+            and self.options.streaming_list == "auto"
+        ):
+            return UnsupportedStreamingList(exc)  # counted as "unsupported" by run_watch
         WATCH_STREAMING_LISTS.labels(self.label, "failed").inc()
-        if isinstance(exc, errors.ApiError):
-            if exc.code in _UNSUPPORTED and self.options.streaming_list == "auto":
-                return UnsupportedStreamingList(exc)
-            return exc
         if isinstance(exc, httpx.TransportError):
             return errors.TransportError(f"streaming list of {self.label}: {exc}", sent=True)
         return exc

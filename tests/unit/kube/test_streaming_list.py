@@ -14,6 +14,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
+from prometheus_client import REGISTRY
 
 from nodeagent.kube import CONFIGMAPS, WatchOptions, WatchRequest, errors, run_watch
 from nodeagent.kube.watch import INITIAL_EVENTS_END, _InitialEvents, find_initial_events_end
@@ -21,6 +22,19 @@ from tests.support.informer import EventType, ObjectCache
 from tests.unit.kube.kube_fakes import line, mock_client, obj, status
 
 REQUEST = WatchRequest(CONFIGMAPS, "ns")
+
+
+def streaming_lists(result: str) -> float:
+    labels = {"resource": "configmaps", "result": result}
+    return REGISTRY.get_sample_value("nodeagent_watch_streaming_lists_total", labels) or 0.0
+
+
+def counts() -> dict[str, float]:
+    return {r: streaming_lists(r) for r in ("complete", "failed", "unsupported")}
+
+
+def delta(before: dict[str, float]) -> dict[str, float]:
+    return {r: v - before[r] for r, v in counts().items()}
 
 
 def end_bookmark(rv: str) -> bytes:
@@ -167,7 +181,9 @@ async def test_stream_ending_before_the_bookmark_is_a_failed_list(
 ) -> None:
     error = line("ERROR", {"kind": "Status", "code": 500, "reason": "InternalError"})
     server = Server([INITIAL, INITIAL + error, STREAM])
+    before = counts()
     sink, synced = await _watch(server, "on", 4)
+    assert delta(before) == {"complete": 1, "failed": 2, "unsupported": 0}
     assert server.kinds() == ["stream", "stream", "stream", "watch"]
     (early, early_delay), (failure, error_delay) = sink.failures
     assert early.endswith(f"before the {INITIAL_EVENTS_END} bookmark")
@@ -184,7 +200,9 @@ async def test_auto_falls_back_to_list_when_refused(
 ) -> None:
     refused = status(422, "Invalid", "sendInitialEvents is forbidden for watch")
     server = Server([refused])
+    before = counts()
     sink, synced = await _watch(server, "auto", 3)
+    assert delta(before) == {"complete": 0, "failed": 0, "unsupported": 1}
     assert server.kinds() == ["stream", "list", "watch"]
     assert server.requests[2][1]["resourceVersion"] == "9"
     assert synced == 1 and sink.failures == []
@@ -195,7 +213,9 @@ async def test_on_does_not_fall_back_and_reports_the_refusal(
 ) -> None:
     refused = status(422, "Invalid", "sendInitialEvents is forbidden for watch")
     server = Server([refused, refused, STREAM])
+    before = counts()
     sink, synced = await _watch(server, "on", 4)
+    assert delta(before) == {"complete": 1, "failed": 2, "unsupported": 0}
     assert server.kinds() == ["stream", "stream", "stream", "watch"]
     assert all("sendInitialEvents is forbidden" in f for f, _ in sink.failures)
     assert len(sink.failures) == 2 and synced == 1
