@@ -126,7 +126,16 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _hold_sighups() -> list[int]:
+    """From now until the agent's own receiver takes over, a SIGHUP (a reload sent while the
+    agent starts) is recorded instead of killing the process (the default action, rc 129)."""
+    held: list[int] = []
+    signal.signal(signal.SIGHUP, lambda signum, _frame: held.append(signum))
+    return held
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    early_sighups = _hold_sighups()
     try:
         config, source = load_config(args.config, overrides_from_args(args))
     except ConfigError as exc:
@@ -137,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import trio
 
     from nodeagent.log import configure_logging, get_logger, stderr_is_journal
-    from nodeagent.service.agent import Agent
+    from nodeagent.service.agent import Agent, prepare_state_dir
     from nodeagent.service.component import FatalError
     from nodeagent.service.supervisor import describe, find_fatal
 
@@ -159,8 +168,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         builder = ConfigBuilder(args.config, overrides)
     except ConfigError as exc:
         return _config_failure(exc)
-    agent = Agent(config, reloader=lambda: load_config(args.config, overrides)[0], builder=builder)
     try:
+        # Before the agent reads its checkpoints there: an unusable state dir is a FatalError
+        # naming it (exit 1), not a traceback or a component that never gets ready.
+        prepare_state_dir(config.agent.state_dir)
+        agent = Agent(
+            config, reloader=lambda: load_config(args.config, overrides)[0], builder=builder
+        )
+        agent.early_sighups = early_sighups
         trio.run(agent.run)
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130

@@ -14,6 +14,7 @@ import gc
 import os
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -69,6 +70,24 @@ def _hard_exit(code: int, message: str) -> None:
     os._exit(code)
 
 
+def prepare_state_dir(path: str) -> None:
+    """Create the state dir (0700) if needed and prove it writable by writing a file in it:
+    permission bits say nothing to root, a read-only mount or a full disk only show on write.
+    FatalError (exit 1) naming the directory and the reason otherwise."""
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except FileExistsError as exc:
+        raise FatalError(f"agent.state_dir {path} exists and is not a directory") from exc
+    except OSError as exc:
+        raise FatalError(f"cannot create agent.state_dir {path}: {exc.strerror or exc}") from exc
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".write-probe-", dir=path)
+    except OSError as exc:
+        raise FatalError(f"agent.state_dir {path} is not writable: {exc.strerror or exc}") from exc
+    os.close(fd)
+    os.unlink(probe)
+
+
 class Agent:
     """The process: owns the configuration, the shared resources and the root of the task tree.
 
@@ -116,6 +135,8 @@ class Agent:
         self.dynconfig_component: DynconfigComponent | None = None
         self.hub.subscribe("agent", on_applied=_apply_log_level, name="log")
         self.reloader = reloader
+        # SIGHUPs that came before `run` installed its signal receiver (the CLI appends them).
+        self.early_sighups: list[int] = []
         self.last_reload: dict[str, Any] | None = None
         self.notifier = notifier or Notifier.from_env()
         self.heartbeat = Heartbeat.from_env(
@@ -161,8 +182,15 @@ class Agent:
         shutdown hook finished within the deadline."""
         # Static-configuration problems (an unusable kubeconfig) surface before anything starts.
         self.cluster.preflight()
-        self._prepare_state_dir()
+        prepare_state_dir(self.config.agent.state_dir)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            if self.early_sighups:
+                # Held by the CLI from its first line until this receiver took over.
+                log.warning(
+                    "SIGHUP received while starting, before reloads were possible: ignored "
+                    "(the configuration in use was read at start)",
+                    count=len(self.early_sighups),
+                )
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._watch_signals, signals)
                 with self._main_scope:
@@ -242,15 +270,6 @@ class Agent:
             log.error("reloaded config rolled back after its trial", error=message)
         else:
             log.error("config reload failed; running config kept", result=result, error=message)
-
-    def _prepare_state_dir(self) -> None:
-        path = self.config.agent.state_dir
-        try:
-            os.makedirs(path, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise FatalError(
-                f"cannot create agent.state_dir {path}: {exc.strerror or exc}"
-            ) from exc
 
     async def _serve(self) -> None:
         async with open_grpc_bridge() as bridge, self.cluster.connected() as client:
