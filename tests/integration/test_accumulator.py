@@ -5,12 +5,13 @@ good list when RBAC is revoked), and objects deleted and re-created under one na
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import httpx
 import msgspec
@@ -491,14 +492,20 @@ async def test_multi_kind_gating_with_a_crd(
         assert (g.metadata.name, g.spec) == ("g1", {"size": 3})
 
 
+# "on": the relist is a streaming list (tests/integration/test_streaming_list.py has the rest).
+@pytest.mark.parametrize("streaming_list", ["off", "on"])
 async def test_relist_after_410_yields_exact_difference(
-    apiserver: ApiServer, admin_client: KubeClient, ns: str
+    apiserver: ApiServer,
+    admin_client: KubeClient,
+    ns: str,
+    streaming_list: Literal["on", "off"],
 ) -> None:
     # core/v1 Events have no watch cache: a watch from a compacted revision gets 410.
     for name in ("e1", "e2", "e3"):
         await admin_client.create(CORE_EVENTS, core_event(name, ns, "v1"), ns)
     config = client_for(apiserver, "admin").config
-    async with HoldableStreams(config, watch=FAST_WATCH) as client:
+    watch = dataclasses.replace(FAST_WATCH, streaming_list=streaming_list)
+    async with HoldableStreams(config, watch=watch) as client:
         client.held, client.release = trio.Event(), trio.Event()
         query: Query[bytes] = Query("events", "v1", "Event", namespace=ns)
         async with accumulating(client, [query]) as acc:

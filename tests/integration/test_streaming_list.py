@@ -1,8 +1,9 @@
 """The streaming list (`kube.streaming_list`, the apiserver's WatchList) against the real
 kube-apiserver v1.35: the initial events and the `k8s.io/initial-events-end` bookmark on one
 connection that goes on as the watch, an object carrying the marker in its data, the
-accumulator's bootstrap and its exact relist difference after a 410, and the fallback to LIST
-on a server started with the WatchList feature gate off."""
+accumulator's bootstrap (its exact relist difference after a 410 is test_accumulator.py's
+test_relist_after_410_yields_exact_difference[on]), and the fallback to LIST on a server started
+with the WatchList feature gate off."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import trio
 
-from nodeagent.accumulator import DeltaType, Query
+from nodeagent.accumulator import Query
 from nodeagent.kube import (
     CONFIGMAPS,
     CORE_EVENTS,
@@ -24,14 +25,12 @@ from nodeagent.kube import (
 from nodeagent.kube.watch import INITIAL_EVENTS_END
 from tests.integration.conftest import client_for, core_event
 from tests.integration.test_accumulator import (
-    HoldableStreams,
     Snap,
     accumulating,
     cm,
     cm_query,
     data_of,
     namespace,
-    until,
 )
 from tests.integration.test_kube_watch import GatedClient, RecordingCache
 from tests.support.apiserver import ApiServer, start_apiserver
@@ -99,44 +98,27 @@ async def test_initial_events_end_bookmark_then_the_same_stream_watches(
     assert [(t, n) for t, n, _ in sink.events if n == "d"] == [("ADDED", "d")]
 
 
-async def test_accumulator_bootstraps_and_relists_exactly_with_streaming_lists(
+async def test_accumulator_offers_nothing_before_every_end_bookmark(
     apiserver: ApiServer, admin_client: KubeClient
 ) -> None:
-    # core/v1 Events have no watch cache: the streaming list is served from etcd, and a watch
-    # from a compacted revision gets 410.
+    # core/v1 Events have no watch cache: their streaming list is served from etcd. (The relist
+    # after a 410 with streaming lists: test_accumulator.py::test_relist_after_410_...[on].)
     ns = await namespace(admin_client)
     for name in ("e1", "e2", "e3"):
         await admin_client.create(CORE_EVENTS, core_event(name, ns, "v1"), ns)
     await admin_client.create(CONFIGMAPS, cm("x", v="1"), ns)
-    config = client_for(apiserver, "admin").config
-    async with HoldableStreams(config, watch=STREAM) as client:
-        client.held, client.release = trio.Event(), trio.Event()
-        events: Query[bytes] = Query("events", "v1", "Event", namespace=ns)
-        async with accumulating(client, [events, cm_query(ns)]) as acc:
-            snap = Snap()
-            with trio.fail_after(30):
-                await acc.changed()
-            # Observed complete: the first snapshot holds every object of both queries.
-            assert acc.update(snap)
-            assert len(snap.events) == 3 and data_of(snap.cms) == {"x": {"v": "1"}}
-            before = dict(snap.events.items())
-            client.hold = True
-            with trio.fail_after(30):
-                await client.held.wait()  # the watch ended and cannot reconnect
-            await admin_client.patch(CORE_EVENTS, "e1", {"message": "v2"}, ns)
-            await admin_client.delete(CORE_EVENTS, "e2", ns)
-            await admin_client.create(CORE_EVENTS, core_event("e4", ns, "new"), ns)
-            await trio.to_thread.run_sync(apiserver.compact)
-            client.hold = False
-            client.release.set()
-            deltas = await until(acc, snap, lambda s: "e4" in {k.name for k in s.events})
-    assert sorted((d.type.value, d.key.name) for d in deltas) == [
-        ("add", "e4"),
-        ("delete", "e2"),
-        ("update", "e1"),
-    ]
-    deleted = next(d for d in deltas if d.type is DeltaType.DELETE)
-    assert deleted.obj == before[deleted.key]
+    events: Query[bytes] = Query("events", "v1", "Event", namespace=ns)
+    async with (
+        client_for(apiserver, "admin", watch=STREAM) as client,
+        accumulating(client, [events, cm_query(ns)]) as acc,
+    ):
+        snap = Snap()
+        with trio.fail_after(30):
+            await acc.changed()
+        # Observed complete: the first snapshot holds every object of both queries.
+        assert acc.update(snap)
+        assert len(snap.events) == 3 and data_of(snap.cms) == {"x": {"v": "1"}}
+        assert acc.status("events").known and acc.status("cms").known
 
 
 @pytest.fixture(scope="module")
