@@ -51,6 +51,7 @@ from tests.load.fleet import (
 )
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 
 
 def cpu_seconds(pid: int) -> float:
@@ -195,6 +196,7 @@ def restart_figures(
         "burst_by_kind": dict(
             collections.Counter(f"{r.verb} {r.resource} {r.code}" for r in burst).most_common(12)
         ),
+        "writes_first_60s": sum(1 for r in burst if r.verb in WRITE_VERBS),
         "errors_first_60s": dict(collections.Counter(str(r.code) for r in burst if r.code >= 400)),
         "agents_not_ready_during_restart": len(readiness.ever_not_ready),
         "all_ready_after_start_s": round(max(0.0, max(not_ready_until) - t_start), 2),
@@ -350,6 +352,7 @@ def table(fig: dict[str, Any]) -> str:
             ),
             ("  burst by kind", r["burst_by_kind"]),
             ("  errors in that window", r["errors_first_60s"] or "none"),
+            ("  writes in that window", r["writes_first_60s"]),
             ("  agents not ready at some point", r["agents_not_ready_during_restart"]),
             (
                 "  every agent ready again, after the new process started",

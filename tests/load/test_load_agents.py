@@ -136,3 +136,4 @@ def test_restart_figures_count_relists_burst_and_recovery() -> None:
     assert fig["requests_first_60s"] == 5 and fig["errors_first_60s"] == {"403": 1}
     assert fig["watches_open_before_per_agent"] == 2
     assert fig["all_watches_back_after_start_s"] == 4  # the slices watch at 105
+    assert fig["writes_first_60s"] == 0
