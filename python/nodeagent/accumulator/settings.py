@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import check_seconds
 
 
 class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -27,8 +26,6 @@ class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         # inf would be "never" (no notification under churn, no retry, own writes shown
         # forever) and nan compares false everywhere: both refused.
         for name in ("max_interval", "forbidden_retry", "local_write_ttl"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"accumulator.{name}", value, "must be a finite number > 0")
+            check_seconds(f"accumulator.{name}", getattr(self, name))
         if self.thread_threshold < 0:
             raise ConfigError("accumulator.thread_threshold", self.thread_threshold, "must be >= 0")

@@ -6,11 +6,10 @@ config they guard.
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import check_seconds
 
 __all__ = ["DynconfigSettings"]
 
@@ -44,9 +43,7 @@ class DynconfigSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "watchdog_bound",
             "health_interval",
         ):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"dynconfig.{name}", value, "must be a finite number > 0")
+            check_seconds(f"dynconfig.{name}", getattr(self, name))
         if self.crashloop_restarts < 1:
             raise ConfigError(
                 "dynconfig.crashloop_restarts", self.crashloop_restarts, "must be an integer >= 1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -9,6 +10,7 @@ from typing import Literal
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import check_seconds
 from nodeagent.kube.client import KubeClient, WatchOptions
 from nodeagent.kube.kubeconfig import (
     SERVICE_ACCOUNT_DIR,
@@ -50,14 +52,16 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(
                 "kube.in_cluster", self.in_cluster, "cannot be 'always' with a kubeconfig"
             )
-        if not self.qps > 0:
-            raise ConfigError("kube.qps", self.qps, "must be > 0")
+        # A rate: inf would be no limit at all, 1e-9 one request in 30 years.
+        if not (math.isfinite(self.qps) and self.qps >= 0.01):
+            raise ConfigError("kube.qps", self.qps, "must be a finite number >= 0.01")
         if self.burst < 1:
             raise ConfigError("kube.burst", self.burst, "must be >= 1")
-        if not self.request_timeout > 0:
-            raise ConfigError("kube.request_timeout", self.request_timeout, "must be > 0")
+        check_seconds("kube.request_timeout", self.request_timeout)
         # Bookmarks come about every 60 s: a shorter timeout would cut healthy idle watches.
-        if not self.watch_inactivity_timeout >= 5:
+        if not (
+            math.isfinite(self.watch_inactivity_timeout) and self.watch_inactivity_timeout >= 5
+        ):
             raise ConfigError(
                 "kube.watch_inactivity_timeout", self.watch_inactivity_timeout, "must be >= 5"
             )

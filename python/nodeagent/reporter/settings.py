@@ -12,6 +12,7 @@ import msgspec
 
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.k8s import is_label_key, is_label_value
+from nodeagent.core.rules import check_seconds
 
 __all__ = ["ReporterSettings"]
 
@@ -43,20 +44,17 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
-        if not math.isfinite(self.sync_interval) or self.sync_interval <= 0:
-            raise ConfigError(
-                "reporter.sync_interval", self.sync_interval, "must be a finite number > 0"
-            )
+        check_seconds("reporter.sync_interval", self.sync_interval)
         if not math.isfinite(self.grace) or self.grace < 0:
             raise ConfigError("reporter.grace", self.grace, "must be a finite number >= 0")
-        for name in ("cnr_min_write_interval", "cnr_retry_initial", "cnr_retry_max"):
-            value = getattr(self, name)
-            if (
-                not math.isfinite(value)
-                or value < 0
-                or (value == 0 and name != "cnr_min_write_interval")
-            ):
-                raise ConfigError(f"reporter.{name}", value, "must be a finite number > 0")
+        if not math.isfinite(self.cnr_min_write_interval) or self.cnr_min_write_interval < 0:
+            raise ConfigError(
+                "reporter.cnr_min_write_interval",
+                self.cnr_min_write_interval,
+                "must be a finite number >= 0",
+            )
+        for name in ("cnr_retry_initial", "cnr_retry_max"):
+            check_seconds(f"reporter.{name}", getattr(self, name))
         if self.cnr_retry_max < self.cnr_retry_initial:
             raise ConfigError(
                 "reporter.cnr_retry_max", self.cnr_retry_max, "must be >= cnr_retry_initial"

@@ -7,6 +7,7 @@ import math
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import check_seconds
 
 __all__ = ["ResourcesSettings"]
 
@@ -36,9 +37,7 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")
         for name in ("retry_backoff_initial", "retry_backoff_max"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value <= 0:
-                raise ConfigError(f"resources.{name}", value, "must be a finite number > 0")
+            check_seconds(f"resources.{name}", getattr(self, name))
         if self.thread_threshold < 0:
             raise ConfigError("resources.thread_threshold", self.thread_threshold, "must be >= 0")
         if self.retry_backoff_max < self.retry_backoff_initial:

@@ -14,9 +14,7 @@ from nodeagent.cli import main
 from nodeagent.config.loader import MAX_CONFIG_BYTES, Environment, read_config_file
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.rules import MAX_UID, MIN_SECONDS
-from nodeagent.plugins.settings import PluginSettings
-from nodeagent.service.config import build_config
-from nodeagent.service.settings import AgentSettings
+from nodeagent.service.config import Config, build_config
 
 USER = Environment(uid=1000, env={}, hostname="laptop", home="/home/u")
 
@@ -96,28 +94,51 @@ def test_the_largest_uid_is_accepted() -> None:
     assert config.plugins.allowed_uids == [0, MAX_UID]
 
 
-def _durations(struct: type[msgspec.Struct]) -> list[str]:
+def _floats(struct: Any) -> list[str]:
     return [f.name for f in msgspec.structs.fields(struct) if f.type is float]
 
 
-# Every float setting of the two tables has a minimum and must be finite; those taking 0 for
-# "no wait" (stream_min_interval) take any finite value >= 0.
-ZERO_MEANS_NONE = {"stream_min_interval"}
-DURATIONS = [("agent", n) for n in _durations(AgentSettings)] + [
-    ("plugins", n) for n in _durations(PluginSettings)
+# Every float setting of every table (durations, and kube.qps) must be finite and has a minimum;
+# those where 0 means "no wait" or "at once" take any finite value >= 0.
+ZERO_MEANS_NONE = {
+    "plugins.stream_min_interval",
+    "resources.disconnect_grace",
+    "resources.startup_grace",
+    "resources.min_sync_interval",
+    "reporter.grace",
+    "reporter.cnr_min_write_interval",
+}
+FLOATS = [
+    f"{table.name}.{name}"
+    for table in msgspec.structs.fields(Config)
+    for name in _floats(table.type)
 ]
 CASES = [
-    (table, name, value)
-    for table, name in DURATIONS
+    (path, value)
+    for path in FLOATS
     for value in (1e-9, math.nan, math.inf, -1.0)
-    if not (name in ZERO_MEANS_NONE and value == 1e-9)
+    if not (path in ZERO_MEANS_NONE and value == 1e-9)
 ]
 
 
-@pytest.mark.parametrize(("table", "name", "value"), CASES)
-def test_every_duration_refuses_absurd_values(table: str, name: str, value: float) -> None:
+def test_the_audit_covers_every_table() -> None:
+    assert {p.partition(".")[0] for p in FLOATS} == {
+        "agent",
+        "ops",
+        "plugins",
+        "kube",
+        "accumulator",
+        "resources",
+        "reporter",
+        "dynconfig",
+    }
+
+
+@pytest.mark.parametrize(("path", "value"), CASES)
+def test_every_float_setting_refuses_absurd_values(path: str, value: float) -> None:
+    table, _, name = path.partition(".")
     error = _error({table: {name: value}})
-    assert error.field == f"{table}.{name}"
+    assert error.field == path
     assert error.value == value or (math.isnan(value) and math.isnan(float(str(error.value))))
     assert error.rule.startswith("must be")
 
