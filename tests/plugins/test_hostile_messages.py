@@ -12,11 +12,15 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
+import pytest
 import trio
+from grpclib.protocol import Buffer
+from h2.errors import ErrorCodes
 from prometheus_client import REGISTRY
 
 from nodeagent.plugins import PluginManager
-from nodeagent.rpc import GrpcBridge
+from nodeagent.rpc import GrpcBridge, MessageTooLarge
+from nodeagent.rpc.bridge import _limit_reads
 from nodeagent.sdk import ReporterPlugin
 from tests.plugins.conftest import fast_settings
 from tests.plugins.support import WAIT, report, report_of, status_item, wait_until
@@ -183,3 +187,59 @@ async def test_oversized_get_info_reply_fails_registration_without_buffering_it(
         await wait_until(manager, lambda: _errors("get_info") > get_info)
         assert sent <= WINDOW, sent
     assert rss.growth < RSS_BOUND, f"agent RSS grew by {rss.growth / 2**20:.1f} MiB"
+
+
+class _FakeConnection:
+    def __init__(self) -> None:
+        self.acked: list[tuple[int, int]] = []
+
+    def ack(self, stream_id: int, size: int) -> None:
+        self.acked.append((stream_id, size))
+
+
+class _FakeH2Stream:
+    """grpclib's protocol Stream as `_limit_reads` uses it: a real Buffer, a reset, an ack."""
+
+    def __init__(self) -> None:
+        self.id = 7
+        self.connection = _FakeConnection()
+        self.buffer = Buffer(lambda size: self.connection.ack(self.id, size))
+        self.closable = True
+        self.resets: list[ErrorCodes] = []
+
+    def reset_nowait(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
+        self.resets.append(error_code)
+        self.closable = False
+
+    async def recv_data(self, size: int) -> bytes:
+        return await self.buffer.read(size)
+
+
+async def test_a_refused_body_is_reset_and_its_buffered_bytes_credited_to_the_connection() -> None:
+    # Deterministic: what the peer had already sent of the refused message when its prefix was
+    # read must be handed back to the connection window, or every refusal would shrink the
+    # window the plugin's next streams share, until the connection stalls.
+    stream = _FakeH2Stream()
+    _limit_reads(stream, 1024)  # type: ignore[arg-type]
+    stream.buffer.add(b"\x00" + (5000).to_bytes(4, "big") + b"x" * 995, 1000)
+    stream.buffer.add(b"y" * 3000, 3000)
+    assert await stream.recv_data(5) == b"\x00" + (5000).to_bytes(4, "big")
+    assert stream.connection.acked == [(7, 1000)]  # the prefix's frame, consumed normally
+    with pytest.raises(MessageTooLarge) as info:
+        await stream.recv_data(5000)
+    assert (info.value.size, info.value.limit, info.value.status) == (
+        5000,
+        1024,
+        "RESOURCE_EXHAUSTED",
+    )
+    assert stream.resets == [ErrorCodes.CANCEL]
+    # The 3000 bytes still queued: credited at once (the 995 after the prefix were credited
+    # with their frame); nothing more is read from the stream.
+    assert stream.connection.acked == [(7, 1000), (7, 3000)]
+    assert stream.buffer.unacked_size() == 0
+    # A message within the limit on another stream is read as before.
+    ok = _FakeH2Stream()
+    _limit_reads(ok, 1024)  # type: ignore[arg-type]
+    ok.buffer.add(b"z" * 1024, 1024)
+    assert await ok.recv_data(1024) == b"z" * 1024
+    assert ok.resets == []
