@@ -97,8 +97,9 @@ trio.run(main, *sys.argv[1:])
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 CNR_PATH = f"/apis/node.katalyst.kubewharf.io/v1alpha1/customnoderesources/{NODE}"
 NAC_NODE_ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
-# No NodeAgentConfig targets the node: the documented condition (README, Dynamic configuration).
-CONDITION = ("NodeAgentConfigOK", "True", "Local")
+# No NodeAgentConfig targets the node: the documented condition (README, Dynamic configuration),
+# once the objects are read (at boot it says "running the local config: no checkpoint").
+CONDITION = ("NodeAgentConfigOK", "True", "Local", "no NodeAgentConfig targets the node")
 
 
 def inventory(n: int, tag: str = "a") -> list[dict[str, Any]]:
@@ -355,7 +356,9 @@ class FaultEnv:
         uid = node["metadata"]["uid"] if status == 200 else None
         conditions = (node.get("status") or {}).get("conditions") or [] if status == 200 else []
         ours = [
-            (c["type"], c["status"], c["reason"]) for c in conditions if c["type"] == CONDITION[0]
+            (c["type"], c["status"], c["reason"], c.get("message", "").split(";")[0])
+            for c in conditions
+            if c["type"] == CONDITION[0]
         ]
         condition_lost = ours != [CONDITION]
         if condition_lost:
