@@ -68,6 +68,4 @@ def test_status_table_escapes_what_plugins_sent() -> None:
     text = status.render(doc, plugins)
     assert _safe(text.replace("\n", "")), repr(text)
     row = next(line for line in text.splitlines() if line.startswith("evil"))
-    assert row.startswith(
-        "evil\\x1b[2J name\\x07\\x7f\\x9b31m forged=1\\u202etxt  ReporterPlugin"
-    )
+    assert row.startswith("evil\\x1b[2J name\\x07\\x7f\\x9b31m forged=1\\u202etxt  ReporterPlugin")
