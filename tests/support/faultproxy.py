@@ -109,6 +109,7 @@ class FaultProxy:
         self._server_ctx: ssl.SSLContext | None = None
         self._token: trio.lowlevel.TrioToken | None = None
         self._listener_scope: trio.CancelScope | None = None
+        self._listener_closed: trio.Event | None = None
         self._nursery: trio.Nursery | None = None
         self._stop: trio.Event | None = None
         self._thread: threading.Thread | None = None
@@ -172,6 +173,13 @@ class FaultProxy:
             nursery.cancel_scope.cancel()
 
     async def _listen(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        closed = self._listener_closed = trio.Event()
+        try:
+            await self._accept_loop(task_status)
+        finally:
+            closed.set()
+
+    async def _accept_loop(self, task_status: Any) -> None:
         with trio.CancelScope() as scope:
             self._listener_scope = scope
             listeners = await trio.open_tcp_listeners(self.port, host="127.0.0.1")
@@ -229,6 +237,8 @@ class FaultProxy:
             if self._listener_scope is not None:
                 self._listener_scope.cancel()
                 self._listener_scope = None
+                if self._listener_closed is not None:
+                    await self._listener_closed.wait()  # refused from the moment we return
 
         async def listen() -> None:
             assert self._nursery is not None
