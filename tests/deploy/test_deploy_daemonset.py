@@ -18,8 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -43,6 +41,7 @@ from tests.process.conftest import NotifyListener
 from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
 from tests.support.crds import CNR, cnr
 from tests.support.draplugin import DraPlugin, KubeletDirs, instance, kubelet_dirs, named_resources
+from tests.support.http import http_get
 from tests.support.nodeagentconfig import NAC, nodeagentconfig
 
 # Its own apiserver: the policies applied here bind cluster-wide.
@@ -122,11 +121,7 @@ def pod_command(
 
 
 def _get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
+    return http_get(f"127.0.0.1:{port}", path)
 
 
 @pytest.fixture

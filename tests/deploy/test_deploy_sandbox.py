@@ -25,11 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from tests.deploy.test_deploy_systemd import UNIT
 from tests.support.crds import REPO_ROOT
+from tests.support.http import http_get
 
 # Runs inside setpriv: loads the seccomp filter and MDWE, then execs the agent.
 SANDBOX = r"""
@@ -117,16 +117,6 @@ def _free_port() -> int:
     return port
 
 
-def _get(address: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError:
-        return 0, ""
-
-
 def _until(what: str, check: object, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -170,7 +160,7 @@ def test_the_agent_does_its_job_inside_the_units_sandbox(tmp_path: Path) -> None
     )
     plugin: subprocess.Popen[bytes] | None = None
     try:
-        _until("/readyz", lambda: _get(ops, "/readyz")[0] == 200)
+        _until("/readyz", lambda: http_get(ops, "/readyz")[0] == 200)
         plugin = subprocess.Popen(
             [
                 sys.executable,
@@ -183,7 +173,7 @@ def test_the_agent_does_its_job_inside_the_units_sandbox(tmp_path: Path) -> None
         )
 
         def devices_served() -> bool:
-            code, body = _get(ops, "/v1/resourceslices")
+            code, body = http_get(ops, "/v1/resourceslices")
             if code != 200:
                 return False
             drivers = json.loads(body)["drivers"]

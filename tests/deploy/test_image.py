@@ -23,8 +23,6 @@ import resource
 import shutil
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -47,6 +45,7 @@ from tests.process.conftest import NotifyListener
 from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
 from tests.support.crds import REPO_ROOT
 from tests.support.draplugin import DraPlugin, KubeletDirs, instance, kubelet_dirs, named_resources
+from tests.support.http import http_get
 
 # Its own apiserver: the DaemonSet test applies cluster-wide admission policies.
 apiserver = apiserver_fixture(scope="module")
@@ -104,16 +103,6 @@ def until(check: Callable[[], T | None], what: str, explain: Callable[[], str]) 
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}\n{explain()}")
-
-
-def http_get(address: str, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://{address}{path}", timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-    except OSError as exc:
-        return 0, str(exc)
 
 
 def proc_status(container: str) -> dict[str, str]:
