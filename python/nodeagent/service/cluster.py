@@ -1,8 +1,10 @@
 """The cluster connection as a supervised component.
 
 Standalone when no kubeconfig is configured and the agent is not in a pod: the component stays
-idle and says so in /readyz. Otherwise it keeps probing the apiserver (`/version`, then
-`/readyz`) so readiness shows whether the cluster is reachable.
+idle and says so in /readyz. Otherwise it keeps probing the apiserver's `/readyz` so readiness
+shows whether the cluster is reachable; `/version` only when (re)connecting and every
+VERSION_REFRESH_PROBES probes (an upgraded apiserver is shown), as most of an idle agent's
+requests were these probes.
 
 The process has one client: built by `preflight`, opened by the agent for its whole life
 (`connected`), shared by every component that talks to the cluster. Write observers (the
@@ -33,20 +35,24 @@ STANDALONE_REASON = "standalone: no cluster configured"
 # back from a restart makes the agent ready again within seconds, not a whole interval (30 s)
 # later (found by the fault matrix: "apiserver restart mid-watch").
 PROBE_RETRY_INITIAL = 1.0
+# /version is asked again every this many probes while connected (10 probes of 30 s: every 5 min).
+VERSION_REFRESH_PROBES = 10
 
 LoadClient = Callable[[KubeSettings], KubeClient | None]
-Probe = Callable[[KubeClient], Awaitable[str]]
+Probe = Callable[[KubeClient, str | None], Awaitable[str]]
 
 
 class _Version(msgspec.Struct):
     git_version: str = msgspec.field(default="unknown", name="gitVersion")
 
 
-async def probe_apiserver(client: KubeClient) -> str:
-    """GET /version and /readyz (both readable by any authenticated identity, node identities
-    included); returns the server's gitVersion."""
-    body = await client.request("GET", "/version", verb="get", resource="version")
-    version = msgspec.json.decode(body, type=_Version).git_version
+async def probe_apiserver(client: KubeClient, known_version: str | None = None) -> str:
+    """GET /readyz, and first /version unless `known_version` is given (both readable by any
+    authenticated identity, node identities included); returns the server's gitVersion."""
+    version = known_version
+    if version is None:
+        body = await client.request("GET", "/version", verb="get", resource="version")
+        version = msgspec.json.decode(body, type=_Version).git_version
     await client.request("GET", "/readyz", verb="get", resource="readyz")
     return version
 
@@ -71,6 +77,7 @@ class ClusterComponent:
         self._preflighted = False
         self.server_version: str | None = None
         self._ready: Readiness = (False, "connecting")
+        self._probes_since_version = 0
 
     def preflight(self) -> None:
         """Build (not connect) the client once, so an unusable kubeconfig is a start-up
@@ -116,12 +123,16 @@ class ClusterComponent:
                 await trio.sleep(retry.next())
 
     async def _check(self, client: KubeClient) -> bool:
+        known = self.server_version if self._ready[0] else None
+        if self._probes_since_version >= VERSION_REFRESH_PROBES:
+            known = None
         try:
-            version = await self._probe(client)
+            version = await self._probe(client, known)
         except Exception as exc:
             self._ready = (False, f"apiserver unreachable: {exc}")
             log.warning("apiserver probe failed", error=str(exc))
             return False
+        self._probes_since_version = 1 if known is None else self._probes_since_version + 1
         if version != self.server_version:
             log.info("connected to the apiserver", version=version)
         self.server_version = version

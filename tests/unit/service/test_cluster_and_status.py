@@ -36,7 +36,7 @@ async def test_standalone_is_ready_and_idle(autojump_clock: trio.testing.MockClo
 async def test_cluster_readiness_follows_the_probe(autojump_clock: trio.testing.MockClock) -> None:
     outcomes: list[str | Exception] = ["v1.33.0", OSError("connection refused"), "v1.33.1"]
 
-    async def probe(client: Any) -> str:
+    async def probe(client: Any, known: str | None) -> str:
         outcome = outcomes.pop(0) if len(outcomes) > 1 else outcomes[0]
         if isinstance(outcome, Exception):
             raise outcome

@@ -20,7 +20,7 @@ async def test_a_failed_probe_is_retried_with_backoff(
     calls: list[float] = []
     down_until = 5.0  # the apiserver answers again 5 s after the start
 
-    async def probe(client: Any) -> str:
+    async def probe(client: Any, known: str | None) -> str:
         calls.append(trio.current_time())
         if trio.current_time() < down_until:
             raise OSError("connection refused")
@@ -41,4 +41,46 @@ async def test_a_failed_probe_is_retried_with_backoff(
         assert [round(t - start) for t in calls] == [0, 1, 3, 7]
         await trio.sleep(30)
         assert [round(t - start) for t in calls] == [0, 1, 3, 7, 37]
+        nursery.cancel_scope.cancel()
+
+
+class RecordingClient(FakeClient):
+    """Answers the probe's requests and records their paths; fails while `down`."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self.down = False
+
+    async def request(self, method: str, path: str, **_: Any) -> bytes:
+        self.paths.append(path)
+        if self.down:
+            raise OSError("connection refused")
+        return b'{"gitVersion": "v1.35.4"}' if path == "/version" else b"ok"
+
+
+async def test_version_is_asked_when_connecting_and_every_tenth_probe_only(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # An idle agent's requests were mostly these probes: /readyz says whether the apiserver
+    # answers; its version is asked again only on (re)connecting and every 5 min.
+    client = RecordingClient()
+    cluster = ClusterComponent(
+        KubeSettings(),
+        load_client=lambda s: client,  # type: ignore[arg-type,return-value]  # a fake KubeClient
+        probe_interval=30,
+    )
+    async with cluster.connected(), trio.open_nursery() as nursery:
+        await nursery.start(cluster.run)
+        await trio.sleep(30 * 10 + 1)  # probes 0..10
+        assert client.paths.count("/readyz") == 11 and client.paths.count("/version") == 2
+        assert client.paths[:3] == ["/version", "/readyz", "/readyz"]
+        assert client.paths[-2:] == ["/version", "/readyz"]  # the 10th probe after connecting
+        assert cluster.readiness() == (True, "connected (apiserver v1.35.4)")
+        client.down = True
+        await trio.sleep(30)
+        assert cluster.readiness()[0] is False
+        client.down, client.paths = False, []
+        await trio.sleep(1)  # retried after 1 s: reconnecting asks the version again
+        assert client.paths == ["/version", "/readyz"]
+        assert cluster.readiness() == (True, "connected (apiserver v1.35.4)")
         nursery.cancel_scope.cancel()
