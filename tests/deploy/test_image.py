@@ -35,6 +35,7 @@ from tests.deploy.manifests import (
     NAMESPACE,
     apply_all,
     create_pod,
+    daemonset_args,
     daemonset_container,
     daemonset_pod_spec,
     delete_pod,
@@ -270,14 +271,7 @@ def daemonset_flags(
     for item in container["env"]:
         assert item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", item
         flags.append(f"--env={item['name']}={NODE}")
-    args = []
-    for arg in container["args"]:
-        if arg.startswith("--ops-address="):
-            arg = f"--ops-address=127.0.0.1:{ops_port}"
-        elif arg.startswith("ops.public_address="):
-            arg = f'ops.public_address="127.0.0.1:{public_port}"'
-        args.append(arg.replace(HOST_STATE, str(dirs.root)))
-    return flags, args
+    return flags, daemonset_args(str(dirs.root), ops_port, public_port)
 
 
 @pytest.fixture
