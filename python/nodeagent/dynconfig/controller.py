@@ -354,6 +354,10 @@ class Controller(Generic[C]):
         confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
         age = now - confirmed
         if age > self.settings.checkpoint_grace:
+            # The last-known-good is what a rollback goes back to; booted local, that is the
+            # local config (kept, the same config assigned again would be on trial with itself
+            # as its rollback target).
+            self._forget_lkg()
             return self._boot_local(
                 "defaults",
                 f"{reason}; checkpoint expired ({age:.0f}s since the apiserver confirmed it, "
@@ -362,6 +366,7 @@ class Controller(Generic[C]):
         try:
             config = self.build(lkg.config)
         except ConfigError as exc:
+            self._forget_lkg()
             return self._boot_local("defaults", f"checkpointed config invalid: {exc}")
         self._set_active(lkg, source="checkpoint")
         self.boot_source, self.boot_reason = source, f"{reason} ({age:.0f}s old)"
@@ -370,6 +375,10 @@ class Controller(Generic[C]):
         )
         log.info("dynconfig boot", source=source, reason=self.boot_reason, hash=lkg.hash)
         return BootResult(config, source, self.boot_reason)
+
+    def _forget_lkg(self) -> None:
+        self.state.lkg, self.state.lkg_at = None, None
+        self._save()
 
     def _boot_local(self, source: str, reason: str) -> BootResult[C]:
         self._set_active(Known(hash=LOCAL_HASH, name="local"))
@@ -417,24 +426,46 @@ class Controller(Generic[C]):
             return
         bad = self._bad(target)
         if bad is not None:
-            self.condition_ = Condition(
-                False,
-                _REASON[bad.kind],
-                f"{_describe(target.name, target.hash)} not applied ({bad.kind}: "
-                f"{bad.reason}); running {_describe(self.active.name, self.active.hash)}",
+            self._set_condition(
+                Condition(
+                    False,
+                    _REASON[bad.kind],
+                    f"{_describe(target.name, target.hash)} not applied ({bad.kind}: "
+                    f"{bad.reason}); running {_describe(self.active.name, self.active.hash)}",
+                )
             )
+            return
+        lkg = self.state.lkg
+        if lkg is not None and lkg.hash == target.hash:
+            # Back to the last-known-good (a trial cut short by the operator's revert): it ran
+            # to the end of a trial already, and on trial it would be its own rollback target.
+            self._return_to_lkg(target, lkg)
             return
         self._apply(target, reports)
 
     def keep(self, reason: str) -> None:
         """The watch could not select (a tie): the running config is kept and the reason shown."""
-        self.condition_ = Condition(
-            False,
-            "NoUniqueTarget",
-            f"{reason}; keeping {_describe(self.active.name, self.active.hash)}",
+        self._set_condition(
+            Condition(
+                False,
+                "NoUniqueTarget",
+                f"{reason}; keeping {_describe(self.active.name, self.active.hash)}",
+            )
         )
-        self.changed.set()
-        self.changed = trio.Event()
+
+    def unreadable(self, name: str, reason: str) -> None:
+        """This node's target object can no longer be read (it fails to decode): what runs is
+        kept, last-known-good too, and the condition says why (as the kubelet did for an
+        assigned config it could not load), instead of the node dropping silently to the next
+        match or the local config."""
+        self._set_condition(
+            Condition(
+                False,
+                "TargetUnreadable",
+                f"NodeAgentConfig {name}, this node's target, cannot be read ({reason}); "
+                f"keeping {_describe(self.active.name, self.active.hash)}",
+            )
+        )
 
     def confirm(self) -> None:
         """The apiserver still assigns what runs: refresh the grace's start, at most every quarter
@@ -464,6 +495,27 @@ class Controller(Generic[C]):
         self.state.lkg, self.state.lkg_at = None, self.wall()
         LKG_INFO.clear()
         self._save()
+        self._refresh_condition()
+
+    def _return_to_lkg(self, target: Assignment, lkg: Known) -> None:
+        if not self._switch(lkg, f"NodeAgentConfig/{target.name}"):
+            self._reject(target, "veto", "the last-known-good config was not applied")
+            return
+        trial = self.state.trial
+        if trial is not None and trial.file_hash:
+            self.state.trial = msgspec.structs.replace(
+                trial, hash=lkg.hash, name=lkg.name, remote=False
+            )
+        else:
+            self._end_trial()
+        self._save()
+        self.on_event(
+            ConfigEvent(
+                "Normal",
+                "ConfigApplied",
+                f"{_describe(lkg.name, lkg.hash)} applied: the last-known-good, no trial",
+            )
+        )
         self._refresh_condition()
 
     def _apply(self, target: Assignment, reports: Sequence[ComponentHealth]) -> None:
@@ -550,6 +602,8 @@ class Controller(Generic[C]):
             key = self.state.assigned.object_key if self.state.assigned else ""
             self._mark_bad(trial.hash, key, trial.name, "unhealthy", reason)
             target = self.state.lkg or Known(hash=LOCAL_HASH, name="local")
+            if target.hash == trial.hash:  # never a "rollback" to the config on trial itself
+                target = Known(hash=LOCAL_HASH, name="local")
         if trial.file_hash:
             # The file the running config replaced is built again (with the remote target).
             self.state.bad_file = _bad_file(trial.file_hash, "unhealthy", reason, self.wall())
@@ -726,13 +780,24 @@ class Controller(Generic[C]):
         active = _describe(self.active.name, self.active.hash)
         if self.state.trial is not None:
             subject = _describe_trial(self.state.trial)
-            self.condition_ = Condition(True, "OnTrial", f"{subject} applied, on trial")
+            self._set_condition(Condition(True, "OnTrial", f"{subject} applied, on trial"))
         elif assigned is None:
-            self.condition_ = Condition(
-                True, "Local", "no NodeAgentConfig targets the node; running the local config"
+            self._set_condition(
+                Condition(
+                    True, "Local", "no NodeAgentConfig targets the node; running the local config"
+                )
             )
         else:
-            self.condition_ = Condition(True, "Active", f"{active} active and last-known-good")
+            self._set_condition(Condition(True, "Active", f"{active} active and last-known-good"))
+
+    def _set_condition(self, condition: Condition) -> None:
+        # A new condition wakes its writer even when no checkpoint is written (a tie clearing
+        # to the target already assigned: the Node must not keep NoUniqueTarget).
+        if condition == self.condition_:
+            return
+        self.condition_ = condition
+        self.changed.set()
+        self.changed = trio.Event()
 
     def condition(self) -> Condition:
         return self.condition_

@@ -47,6 +47,8 @@ log = get_logger(__name__)
 __all__ = ["ConfigBuilder", "DynconfigComponent", "EventBuffer"]
 
 API_VERSION = f"{GROUP}/{VERSION}"
+# Seconds between looks at the queries' states while a selection waits for both to be known.
+RECHECK_WHILE_OWED = 1.0
 
 
 class ConfigBuilder:
@@ -214,17 +216,28 @@ class DynconfigComponent:
                 task_status.started()
             snap = _Snap()
             labels: dict[str, str] | None = None
+            # A selection is owed from the first change it could not run for until it runs: a
+            # change seen while the other query relists (or is unreadable) is selected once
+            # both are known again, although that relist may change neither input.
+            owed = False
             while True:
-                await wake.wait()
-                configs_changed = configs.update(snap)
+                if owed:
+                    # The end of a relist that found no difference wakes no one: look again.
+                    with trio.move_on_after(RECHECK_WHILE_OWED):
+                        await wake.wait()
+                else:
+                    await wake.wait()
+                if configs.update(snap):
+                    owed = True
                 if node.update(snap):
                     self._check_condition(snap)
                     new_labels = self._labels(snap)
                     # Status-only changes of the Node (heartbeats, our condition) select nothing.
-                    configs_changed = configs_changed or new_labels != labels
+                    owed = owed or new_labels != labels
                     labels = new_labels
-                ready = configs_changed and configs.bootstrapped
+                ready = owed and configs.bootstrapped
                 if labels is not None and ready and self._known():
+                    owed = False
                     self._select(snap, labels)
 
     async def _crd_served(self) -> bool:
@@ -260,16 +273,27 @@ class DynconfigComponent:
     def _select(self, snap: _Snap, labels: dict[str, str]) -> None:
         objects = []
         invalid: list[tuple[str, str]] = []
+        assigned = self.controller.state.assigned
+        unreadable_target: tuple[str, str] | None = None
         for raw in snap.configs.values_list():
             try:
                 objects.append(decode_object(raw))
             except ConfigError as exc:
-                invalid.append(((raw.get("metadata") or {}).get("name", "?"), str(exc)))
+                meta = raw.get("metadata") or {}
+                name = meta.get("name", "?")
+                invalid.append((name, str(exc)))
+                if assigned is not None and _same_object(meta, assigned.name, assigned.uid):
+                    unreadable_target = (name, str(exc))
         selection = select_target(objects, self.node_name, labels)
         self.selection_reason = selection.reason
         self.invalid = invalid + selection.invalid
         if self.invalid:
             log.warning("NodeAgentConfig objects not usable", invalid=self.invalid)
+        if unreadable_target is not None:
+            # Whether it still targets this node cannot be told: keep what runs, say why.
+            self.selection_reason = f"not selecting: the target {unreadable_target[0]} unreadable"
+            self.controller.unreadable(*unreadable_target)
+            return
         if selection.tie:
             self.controller.keep(selection.reason)
             return
@@ -398,6 +422,14 @@ class DynconfigComponent:
             "events_posted": self.events_posted,
             "condition_error": self.condition_error,
         }
+
+
+def _same_object(meta: Mapping[str, Any], name: str, uid: str) -> bool:
+    """Whether raw metadata is the object assigned (by UID; by name when either has none)."""
+    other = meta.get("uid")
+    if uid and isinstance(other, str) and other:
+        return other == uid
+    return meta.get("name") == name
 
 
 async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
