@@ -1,6 +1,7 @@
 """Both plugin APIs into the one inventory model.
 
-- Native (`nodeagent.device.v1alpha1`): one-to-one onto v1 devices.
+- Native (`nodeagent.device.v1alpha1`): one-to-one onto v1 devices; an empty string of an
+  optional quantity or name is unset, a false `bindsToNode` / `allowMultipleAllocations` too.
 - Seed (`v1alpha3.Node/NodeListAndWatchResources`): named-resource instances become devices of one
   pool named after the node (none when there are no instances); instance names become DNS labels
   (`seed_device_name`); bool/int/string/version attributes become device attributes, quantity
@@ -22,6 +23,8 @@ from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.model import (
+    CapacityRequestPolicy,
+    CapacityRequestPolicyRange,
     Counter,
     CounterSet,
     Device,
@@ -30,6 +33,9 @@ from nodeagent.resources.model import (
     DeviceCounterConsumption,
     DeviceTaint,
     Inventory,
+    NodeAllocatableMapping,
+    NodeAllocatableOverhead,
+    NodeAllocatableResource,
     Pool,
     attribute_errors,
     capacity_errors,
@@ -69,19 +75,69 @@ def _native_attribute(a: device_pb2.DeviceAttribute) -> DeviceAttribute:
     return DeviceAttribute()
 
 
+def _opt(text: str) -> str | None:
+    """Proto3 strings have no presence: empty is unset (never a valid value of these fields)."""
+    return text or None
+
+
+def _native_capacity(c: device_pb2.DeviceCapacity) -> DeviceCapacity:
+    if not c.HasField("request_policy"):
+        return DeviceCapacity(value=c.value)
+    p = c.request_policy
+    valid_range = None
+    if p.HasField("valid_range"):
+        r = p.valid_range
+        valid_range = CapacityRequestPolicyRange(
+            min=_opt(r.min), max=_opt(r.max), step=_opt(r.step)
+        )
+    policy = CapacityRequestPolicy(
+        default=_opt(p.default), valid_values=list(p.valid_values), valid_range=valid_range
+    )
+    return DeviceCapacity(value=c.value, request_policy=policy)
+
+
+def _native_node_allocatable(r: device_pb2.NodeAllocatableResource) -> NodeAllocatableResource:
+    mapping = overhead = None
+    if r.HasField("mapping"):
+        m = r.mapping
+        mapping = NodeAllocatableMapping(
+            capacity_key=_opt(m.capacity_key),
+            capacity_multiplier=_opt(m.capacity_multiplier),
+            device_multiplier=_opt(m.device_multiplier),
+        )
+    if r.HasField("overhead"):
+        o = r.overhead
+        overhead = NodeAllocatableOverhead(
+            per_pod=_opt(o.per_pod), per_container=_opt(o.per_container)
+        )
+    return NodeAllocatableResource(mapping=mapping, overhead=overhead)
+
+
 def _native_device(d: device_pb2.Device) -> Device:
     return Device(
         name=d.name,
         attributes={k: _native_attribute(v) for k, v in d.attributes.items()},
-        capacity={k: DeviceCapacity(value=v.value) for k, v in d.capacity.items()},
+        capacity={k: _native_capacity(v) for k, v in d.capacity.items()},
         consumes_counters=[
-            DeviceCounterConsumption(counter_set=c.counter_set, counters=_counters(c.counters))
+            DeviceCounterConsumption(
+                counter_set=c.counter_set,
+                counters=_counters(c.counters),
+                compatibility_groups=list(c.compatibility_groups),
+            )
             for c in d.consumes_counters
         ],
         taints=[
             DeviceTaint(key=t.key, value=t.value, effect=t.effect, time_added=t.time_added or None)
             for t in d.taints
         ],
+        # False is not published: upstream consumers read an unset pointer as false.
+        binds_to_node=d.binds_to_node or None,
+        binding_conditions=list(d.binding_conditions),
+        binding_failure_conditions=list(d.binding_failure_conditions),
+        allow_multiple_allocations=d.allow_multiple_allocations or None,
+        node_allocatable_resources={
+            k: _native_node_allocatable(v) for k, v in d.node_allocatable_resources.items()
+        },
     )
 
 
@@ -96,6 +152,8 @@ def from_native(driver: str, message: device_pb2.Inventory) -> Inventory:
                     CounterSet(name=c.name, counters=_counters(c.counters))
                     for c in p.shared_counters
                 ],
+                partition_type_attribute=_opt(p.partition_type_attribute),
+                skip_node_operations=list(p.skip_node_operations),
             )
             for p in message.pools
         ],

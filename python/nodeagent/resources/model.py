@@ -22,6 +22,12 @@ from nodeagent.core.k8s import (
     is_rfc3339,
     is_semver,
 )
+from nodeagent.resources.device_fields import (
+    canonical_capacity,
+    canonical_node_allocatable,
+    device_field_errors,
+    pool_field_errors,
+)
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
@@ -52,8 +58,21 @@ class DeviceAttribute(_Base):
     version: str | None = None
 
 
+class CapacityRequestPolicyRange(_Base):
+    min: str | None = None
+    max: str | None = None
+    step: str | None = None
+
+
+class CapacityRequestPolicy(_Base):
+    default: str | None = None
+    valid_values: list[str] = []
+    valid_range: CapacityRequestPolicyRange | None = None
+
+
 class DeviceCapacity(_Base):
     value: str
+    request_policy: CapacityRequestPolicy | None = None
 
 
 class Counter(_Base):
@@ -68,6 +87,7 @@ class CounterSet(_Base):
 class DeviceCounterConsumption(_Base):
     counter_set: str
     counters: dict[str, Counter] = {}
+    compatibility_groups: list[str] = []
 
 
 class DeviceTaint(_Base):
@@ -77,12 +97,34 @@ class DeviceTaint(_Base):
     time_added: str | None = None
 
 
+class NodeAllocatableMapping(_Base):
+    capacity_key: str | None = None
+    capacity_multiplier: str | None = None
+    device_multiplier: str | None = None
+
+
+class NodeAllocatableOverhead(_Base):
+    per_pod: str | None = None
+    per_container: str | None = None
+
+
+class NodeAllocatableResource(_Base):
+    mapping: NodeAllocatableMapping | None = None
+    overhead: NodeAllocatableOverhead | None = None
+
+
 class Device(_Base):
     name: str
     attributes: dict[str, DeviceAttribute] = {}
     capacity: dict[str, DeviceCapacity] = {}
     consumes_counters: list[DeviceCounterConsumption] = []
     taints: list[DeviceTaint] = []
+    # Pointers upstream; the agent never publishes false (the same as unset to every consumer).
+    binds_to_node: bool | None = None
+    binding_conditions: list[str] = []
+    binding_failure_conditions: list[str] = []
+    allow_multiple_allocations: bool | None = None
+    node_allocatable_resources: dict[str, NodeAllocatableResource] = {}
 
 
 class ResourcePool(_Base):
@@ -97,6 +139,8 @@ class ResourceSliceSpec(_Base):
     node_name: str | None = None
     devices: list[Device] = []
     shared_counters: list[CounterSet] = []
+    partition_type_attribute: str | None = None
+    skip_node_operations: list[str] = []
 
 
 class OwnerReference(_Base):
@@ -130,6 +174,9 @@ class Pool(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     name: str
     devices: list[Device] = []
     shared_counters: list[CounterSet] = []
+    # Slice-level fields the pool's slices carry (see desired_slices).
+    partition_type_attribute: str | None = None
+    skip_node_operations: list[str] = []
 
 
 class Inventory(msgspec.Struct, kw_only=True, frozen=True, gc=False):
@@ -233,6 +280,7 @@ def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> 
             if name not in known:
                 errors.append(f"{here}: counter {name!r} is not in the set")
         _counters(here, use.counters, errors)
+    errors.extend(f"{at}: {e}" for e in device_field_errors(d))
 
 
 def validate_inventory(inv: Inventory) -> None:
@@ -259,6 +307,7 @@ def validate_inventory(inv: Inventory) -> None:
                 errors.append(f"{at}: counter set {cs.name!r}: duplicate name")
             sets[cs.name] = set(cs.counters)
             _counters(f"{at}: counter set {cs.name!r}", cs.counters, errors)
+        errors.extend(f"{at}: {e}" for e in pool_field_errors(inv.driver, pool))
         names: set[str] = set()
         for d in pool.devices:
             if d.name in names:
@@ -279,7 +328,10 @@ def _canonical_counters(counters: dict[str, Counter]) -> dict[str, Counter]:
 def _canonical_device(d: Device) -> Device:
     return msgspec.structs.replace(
         d,
-        capacity={k: DeviceCapacity(value=canonicalize(c.value)) for k, c in d.capacity.items()},
+        capacity={k: canonical_capacity(c) for k, c in d.capacity.items()},
+        node_allocatable_resources={
+            k: canonical_node_allocatable(r) for k, r in d.node_allocatable_resources.items()
+        },
         consumes_counters=[
             msgspec.structs.replace(u, counters=_canonical_counters(u.counters))
             for u in d.consumes_counters
@@ -324,6 +376,11 @@ def desired_slices(driver: str, pool: Pool, node_name: str) -> list[ResourceSlic
             node_name=node_name,
             devices=chunk,
             shared_counters=shared if i == 0 else [],
+            # Upstream refuses the attribute on a slice without counter-consuming devices.
+            partition_type_attribute=pool.partition_type_attribute
+            if any(d.consumes_counters for d in chunk)
+            else None,
+            skip_node_operations=pool.skip_node_operations,
         )
         for i, chunk in enumerate(chunks)
     ]

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&nodeagent/device/v1alpha1/device.proto\x12\x19nodeagent.device.v1alpha1\"\x15\n\x13ListAndWatchRequest\";\n\tInventory\x12.\n\x05pools\x18\x01 \x03(\x0b\x32\x1f.nodeagent.device.v1alpha1.Pool\"\x88\x01\n\x04Pool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x32\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32!.nodeagent.device.v1alpha1.Device\x12>\n\x0fshared_counters\x18\x08 \x03(\x0b\x32%.nodeagent.device.v1alpha1.CounterSet\"\xe3\x03\n\x06\x44\x65vice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x45\n\nattributes\x18\x02 \x03(\x0b\x32\x31.nodeagent.device.v1alpha1.Device.AttributesEntry\x12\x41\n\x08\x63\x61pacity\x18\x03 \x03(\x0b\x32/.nodeagent.device.v1alpha1.Device.CapacityEntry\x12N\n\x11\x63onsumes_counters\x18\x04 \x03(\x0b\x32\x33.nodeagent.device.v1alpha1.DeviceCounterConsumption\x12\x36\n\x06taints\x18\x08 \x03(\x0b\x32&.nodeagent.device.v1alpha1.DeviceTaint\x1a]\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x39\n\x05value\x18\x02 \x01(\x0b\x32*.nodeagent.device.v1alpha1.DeviceAttribute:\x02\x38\x01\x1aZ\n\rCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x38\n\x05value\x18\x02 \x01(\x0b\x32).nodeagent.device.v1alpha1.DeviceCapacity:\x02\x38\x01\"^\n\x0f\x44\x65viceAttribute\x12\r\n\x03int\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x62ool\x18\x03 \x01(\x08H\x00\x12\x10\n\x06string\x18\x04 \x01(\tH\x00\x12\x11\n\x07version\x18\x05 \x01(\tH\x00\x42\x07\n\x05value\"\x1f\n\x0e\x44\x65viceCapacity\x12\r\n\x05value\x18\x01 \x01(\t\"\xb6\x01\n\nCounterSet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x45\n\x08\x63ounters\x18\x02 \x03(\x0b\x32\x33.nodeagent.device.v1alpha1.CounterSet.CountersEntry\x1aS\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".nodeagent.device.v1alpha1.Counter:\x02\x38\x01\"\xd9\x01\n\x18\x44\x65viceCounterConsumption\x12\x13\n\x0b\x63ounter_set\x18\x01 \x01(\t\x12S\n\x08\x63ounters\x18\x02 \x03(\x0b\x32\x41.nodeagent.device.v1alpha1.DeviceCounterConsumption.CountersEntry\x1aS\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".nodeagent.device.v1alpha1.Counter:\x02\x38\x01\"\x18\n\x07\x43ounter\x12\r\n\x05value\x18\x01 \x01(\t\"M\n\x0b\x44\x65viceTaint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\x12\x12\n\ntime_added\x18\x04 \x01(\t2v\n\x0c\x44\x65vicePlugin\x12\x66\n\x0cListAndWatch\x12..nodeagent.device.v1alpha1.ListAndWatchRequest\x1a$.nodeagent.device.v1alpha1.Inventory0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&nodeagent/device/v1alpha1/device.proto\x12\x19nodeagent.device.v1alpha1\"\x15\n\x13ListAndWatchRequest\";\n\tInventory\x12.\n\x05pools\x18\x01 \x03(\x0b\x32\x1f.nodeagent.device.v1alpha1.Pool\"\xc8\x01\n\x04Pool\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x32\n\x07\x64\x65vices\x18\x02 \x03(\x0b\x32!.nodeagent.device.v1alpha1.Device\x12>\n\x0fshared_counters\x18\x08 \x03(\x0b\x32%.nodeagent.device.v1alpha1.CounterSet\x12 \n\x18partition_type_attribute\x18\t \x01(\t\x12\x1c\n\x14skip_node_operations\x18\n \x03(\t\"\xb8\x06\n\x06\x44\x65vice\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x45\n\nattributes\x18\x02 \x03(\x0b\x32\x31.nodeagent.device.v1alpha1.Device.AttributesEntry\x12\x41\n\x08\x63\x61pacity\x18\x03 \x03(\x0b\x32/.nodeagent.device.v1alpha1.Device.CapacityEntry\x12N\n\x11\x63onsumes_counters\x18\x04 \x03(\x0b\x32\x33.nodeagent.device.v1alpha1.DeviceCounterConsumption\x12\x36\n\x06taints\x18\x08 \x03(\x0b\x32&.nodeagent.device.v1alpha1.DeviceTaint\x12\x15\n\rbinds_to_node\x18\t \x01(\x08\x12\x1a\n\x12\x62inding_conditions\x18\n \x03(\t\x12\"\n\x1a\x62inding_failure_conditions\x18\x0b \x03(\t\x12\"\n\x1a\x61llow_multiple_allocations\x18\x0c \x01(\x08\x12\x63\n\x1anode_allocatable_resources\x18\x0e \x03(\x0b\x32?.nodeagent.device.v1alpha1.Device.NodeAllocatableResourcesEntry\x1a]\n\x0f\x41ttributesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x39\n\x05value\x18\x02 \x01(\x0b\x32*.nodeagent.device.v1alpha1.DeviceAttribute:\x02\x38\x01\x1aZ\n\rCapacityEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x38\n\x05value\x18\x02 \x01(\x0b\x32).nodeagent.device.v1alpha1.DeviceCapacity:\x02\x38\x01\x1as\n\x1dNodeAllocatableResourcesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x41\n\x05value\x18\x02 \x01(\x0b\x32\x32.nodeagent.device.v1alpha1.NodeAllocatableResource:\x02\x38\x01\"^\n\x0f\x44\x65viceAttribute\x12\r\n\x03int\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x62ool\x18\x03 \x01(\x08H\x00\x12\x10\n\x06string\x18\x04 \x01(\tH\x00\x12\x11\n\x07version\x18\x05 \x01(\tH\x00\x42\x07\n\x05value\"i\n\x0e\x44\x65viceCapacity\x12\r\n\x05value\x18\x01 \x01(\t\x12H\n\x0erequest_policy\x18\x02 \x01(\x0b\x32\x30.nodeagent.device.v1alpha1.CapacityRequestPolicy\"\x8a\x01\n\x15\x43\x61pacityRequestPolicy\x12\x0f\n\x07\x64\x65\x66\x61ult\x18\x01 \x01(\t\x12\x14\n\x0cvalid_values\x18\x03 \x03(\t\x12J\n\x0bvalid_range\x18\x04 \x01(\x0b\x32\x35.nodeagent.device.v1alpha1.CapacityRequestPolicyRange\"D\n\x1a\x43\x61pacityRequestPolicyRange\x12\x0b\n\x03min\x18\x01 \x01(\t\x12\x0b\n\x03max\x18\x02 \x01(\t\x12\x0c\n\x04step\x18\x03 \x01(\t\"\xa3\x01\n\x17NodeAllocatableResource\x12\x42\n\x07mapping\x18\x03 \x01(\x0b\x32\x31.nodeagent.device.v1alpha1.NodeAllocatableMapping\x12\x44\n\x08overhead\x18\x04 \x01(\x0b\x32\x32.nodeagent.device.v1alpha1.NodeAllocatableOverhead\"f\n\x16NodeAllocatableMapping\x12\x14\n\x0c\x63\x61pacity_key\x18\x01 \x01(\t\x12\x1b\n\x13\x63\x61pacity_multiplier\x18\x02 \x01(\t\x12\x19\n\x11\x64\x65vice_multiplier\x18\x03 \x01(\t\"A\n\x17NodeAllocatableOverhead\x12\x0f\n\x07per_pod\x18\x01 \x01(\t\x12\x15\n\rper_container\x18\x02 \x01(\t\"\xb6\x01\n\nCounterSet\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x45\n\x08\x63ounters\x18\x02 \x03(\x0b\x32\x33.nodeagent.device.v1alpha1.CounterSet.CountersEntry\x1aS\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".nodeagent.device.v1alpha1.Counter:\x02\x38\x01\"\xf7\x01\n\x18\x44\x65viceCounterConsumption\x12\x13\n\x0b\x63ounter_set\x18\x01 \x01(\t\x12S\n\x08\x63ounters\x18\x02 \x03(\x0b\x32\x41.nodeagent.device.v1alpha1.DeviceCounterConsumption.CountersEntry\x12\x1c\n\x14\x63ompatibility_groups\x18\x03 \x03(\t\x1aS\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x31\n\x05value\x18\x02 \x01(\x0b\x32\".nodeagent.device.v1alpha1.Counter:\x02\x38\x01\"\x18\n\x07\x43ounter\x12\r\n\x05value\x18\x01 \x01(\t\"M\n\x0b\x44\x65viceTaint\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06\x65\x66\x66\x65\x63t\x18\x03 \x01(\t\x12\x12\n\ntime_added\x18\x04 \x01(\t2v\n\x0c\x44\x65vicePlugin\x12\x66\n\x0cListAndWatch\x12..nodeagent.device.v1alpha1.ListAndWatchRequest\x1a$.nodeagent.device.v1alpha1.Inventory0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DEVICE_ATTRIBUTESENTRY']._serialized_options = b'8\001'
   _globals['_DEVICE_CAPACITYENTRY']._loaded_options = None
   _globals['_DEVICE_CAPACITYENTRY']._serialized_options = b'8\001'
+  _globals['_DEVICE_NODEALLOCATABLERESOURCESENTRY']._loaded_options = None
+  _globals['_DEVICE_NODEALLOCATABLERESOURCESENTRY']._serialized_options = b'8\001'
   _globals['_COUNTERSET_COUNTERSENTRY']._loaded_options = None
   _globals['_COUNTERSET_COUNTERSENTRY']._serialized_options = b'8\001'
   _globals['_DEVICECOUNTERCONSUMPTION_COUNTERSENTRY']._loaded_options = None
@@ -44,29 +46,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_INVENTORY']._serialized_start=92
   _globals['_INVENTORY']._serialized_end=151
   _globals['_POOL']._serialized_start=154
-  _globals['_POOL']._serialized_end=290
-  _globals['_DEVICE']._serialized_start=293
-  _globals['_DEVICE']._serialized_end=776
-  _globals['_DEVICE_ATTRIBUTESENTRY']._serialized_start=591
-  _globals['_DEVICE_ATTRIBUTESENTRY']._serialized_end=684
-  _globals['_DEVICE_CAPACITYENTRY']._serialized_start=686
-  _globals['_DEVICE_CAPACITYENTRY']._serialized_end=776
-  _globals['_DEVICEATTRIBUTE']._serialized_start=778
-  _globals['_DEVICEATTRIBUTE']._serialized_end=872
-  _globals['_DEVICECAPACITY']._serialized_start=874
-  _globals['_DEVICECAPACITY']._serialized_end=905
-  _globals['_COUNTERSET']._serialized_start=908
-  _globals['_COUNTERSET']._serialized_end=1090
-  _globals['_COUNTERSET_COUNTERSENTRY']._serialized_start=1007
-  _globals['_COUNTERSET_COUNTERSENTRY']._serialized_end=1090
-  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_start=1093
-  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_end=1310
-  _globals['_DEVICECOUNTERCONSUMPTION_COUNTERSENTRY']._serialized_start=1007
-  _globals['_DEVICECOUNTERCONSUMPTION_COUNTERSENTRY']._serialized_end=1090
-  _globals['_COUNTER']._serialized_start=1312
-  _globals['_COUNTER']._serialized_end=1336
-  _globals['_DEVICETAINT']._serialized_start=1338
-  _globals['_DEVICETAINT']._serialized_end=1415
-  _globals['_DEVICEPLUGIN']._serialized_start=1417
-  _globals['_DEVICEPLUGIN']._serialized_end=1535
+  _globals['_POOL']._serialized_end=354
+  _globals['_DEVICE']._serialized_start=357
+  _globals['_DEVICE']._serialized_end=1181
+  _globals['_DEVICE_ATTRIBUTESENTRY']._serialized_start=879
+  _globals['_DEVICE_ATTRIBUTESENTRY']._serialized_end=972
+  _globals['_DEVICE_CAPACITYENTRY']._serialized_start=974
+  _globals['_DEVICE_CAPACITYENTRY']._serialized_end=1064
+  _globals['_DEVICE_NODEALLOCATABLERESOURCESENTRY']._serialized_start=1066
+  _globals['_DEVICE_NODEALLOCATABLERESOURCESENTRY']._serialized_end=1181
+  _globals['_DEVICEATTRIBUTE']._serialized_start=1183
+  _globals['_DEVICEATTRIBUTE']._serialized_end=1277
+  _globals['_DEVICECAPACITY']._serialized_start=1279
+  _globals['_DEVICECAPACITY']._serialized_end=1384
+  _globals['_CAPACITYREQUESTPOLICY']._serialized_start=1387
+  _globals['_CAPACITYREQUESTPOLICY']._serialized_end=1525
+  _globals['_CAPACITYREQUESTPOLICYRANGE']._serialized_start=1527
+  _globals['_CAPACITYREQUESTPOLICYRANGE']._serialized_end=1595
+  _globals['_NODEALLOCATABLERESOURCE']._serialized_start=1598
+  _globals['_NODEALLOCATABLERESOURCE']._serialized_end=1761
+  _globals['_NODEALLOCATABLEMAPPING']._serialized_start=1763
+  _globals['_NODEALLOCATABLEMAPPING']._serialized_end=1865
+  _globals['_NODEALLOCATABLEOVERHEAD']._serialized_start=1867
+  _globals['_NODEALLOCATABLEOVERHEAD']._serialized_end=1932
+  _globals['_COUNTERSET']._serialized_start=1935
+  _globals['_COUNTERSET']._serialized_end=2117
+  _globals['_COUNTERSET_COUNTERSENTRY']._serialized_start=2034
+  _globals['_COUNTERSET_COUNTERSENTRY']._serialized_end=2117
+  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_start=2120
+  _globals['_DEVICECOUNTERCONSUMPTION']._serialized_end=2367
+  _globals['_DEVICECOUNTERCONSUMPTION_COUNTERSENTRY']._serialized_start=2034
+  _globals['_DEVICECOUNTERCONSUMPTION_COUNTERSENTRY']._serialized_end=2117
+  _globals['_COUNTER']._serialized_start=2369
+  _globals['_COUNTER']._serialized_end=2393
+  _globals['_DEVICETAINT']._serialized_start=2395
+  _globals['_DEVICETAINT']._serialized_end=2472
+  _globals['_DEVICEPLUGIN']._serialized_start=2474
+  _globals['_DEVICEPLUGIN']._serialized_end=2592
 # @@protoc_insertion_point(module_scope)
