@@ -1,9 +1,11 @@
 """Shape rules of a native `nodeagent.device.v1alpha1.Inventory` message.
 
 These are the checks that make a message unusable as a whole (a value missing from a oneof,
-duplicate names, lists over the v1 size limits, unparsable quantities); the resource-level rules
-(qualified names, DNS labels, semver, taint effects) are the publisher's, which names the device
-and the rule in an Event. Either way the plugin's last good inventory stays published.
+duplicate names, lists over the v1 size limits, unparsable quantities, including those of request
+policies and node-allocatable resources); the resource-level rules (qualified names, DNS labels,
+semver, taint effects, the request policy's and binding conditions' rules:
+`resources.device_fields`) are the publisher's, which names the device and the rule in an
+Event. Either way the plugin's last good inventory stays published.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS = 16
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
+MAX_BINDING_CONDITIONS = 4
+MAX_COMPATIBILITY_GROUPS = 2
+MAX_VALID_VALUES = 10
 
 
 def validate_inventory_message(message: device_pb2.Inventory) -> None:
@@ -74,6 +79,21 @@ def _device(at: str, device: device_pb2.Device, seen: set[str]) -> None:
         if not key:
             raise InvalidMessage(f"{at}.capacity: empty capacity name")
         _quantity(f"{at}.capacity[{key!r}].value", capacity.value)
+        if capacity.HasField("request_policy"):
+            _request_policy(f"{at}.capacity[{key!r}].request_policy", capacity.request_policy)
+    for name in ("binding_conditions", "binding_failure_conditions"):
+        conditions = getattr(device, name)
+        if len(conditions) > MAX_BINDING_CONDITIONS:
+            raise InvalidMessage(
+                f"{at}.{name}: {len(conditions)} conditions, at most {MAX_BINDING_CONDITIONS}"
+            )
+    for key, resource in device.node_allocatable_resources.items():
+        here = f"{at}.node_allocatable_resources[{key!r}]"
+        m, o = resource.mapping, resource.overhead
+        _optional_quantity(f"{here}.mapping.capacity_multiplier", m.capacity_multiplier)
+        _optional_quantity(f"{here}.mapping.device_multiplier", m.device_multiplier)
+        _optional_quantity(f"{here}.overhead.per_pod", o.per_pod)
+        _optional_quantity(f"{here}.overhead.per_container", o.per_container)
     if len(device.taints) > MAX_TAINTS:
         raise InvalidMessage(f"{at}.taints: {len(device.taints)} taints, at most {MAX_TAINTS}")
     for k, taint in enumerate(device.taints):
@@ -84,6 +104,29 @@ def _device(at: str, device: device_pb2.Device, seen: set[str]) -> None:
         if not consumption.counter_set:
             raise InvalidMessage(f"{here}.counter_set: must not be empty")
         _counters(f"{here}.counters", consumption.counters)
+        if len(consumption.compatibility_groups) > MAX_COMPATIBILITY_GROUPS:
+            raise InvalidMessage(
+                f"{here}.compatibility_groups: {len(consumption.compatibility_groups)} groups, "
+                f"at most {MAX_COMPATIBILITY_GROUPS}"
+            )
+
+
+def _request_policy(at: str, policy: device_pb2.CapacityRequestPolicy) -> None:
+    _optional_quantity(f"{at}.default", policy.default)
+    if len(policy.valid_values) > MAX_VALID_VALUES:
+        raise InvalidMessage(
+            f"{at}.valid_values: {len(policy.valid_values)} values, at most {MAX_VALID_VALUES}"
+        )
+    for i, value in enumerate(policy.valid_values):
+        _quantity(f"{at}.valid_values[{i}]", value)
+    r = policy.valid_range
+    for name in ("min", "max", "step"):
+        _optional_quantity(f"{at}.valid_range.{name}", getattr(r, name))
+
+
+def _optional_quantity(at: str, value: str) -> None:
+    if value:  # empty: unset
+        _quantity(at, value)
 
 
 def _counters(at: str, counters: Mapping[str, device_pb2.Counter]) -> None:

@@ -69,6 +69,12 @@ def _fractional(v: Fraction) -> bool:
     return v.denominator != 1
 
 
+def _milli(v: Fraction) -> bool:
+    """Whether upstream's int64 milli-value arithmetic holds the value exactly."""
+    m = v * 1000
+    return m.denominator == 1 and -(2**63) <= m <= _INT64_MAX
+
+
 def _range_errors(
     at: str, default: Fraction, capacity: Fraction, r: CapacityRequestPolicyRange
 ) -> list[str]:
@@ -94,7 +100,7 @@ def _range_errors(
     named = {"default": default, "min": lo, "max": hi, "step": step}
     milli = any(v is not None and _fractional(v) for v in named.values())
     if milli:
-        bad = [n for n, v in named.items() if v is not None and _fractional(v * 1000)]
+        bad = [n for n, v in named.items() if v is not None and not _milli(v)]
         if bad:
             return errors + [f"{at}.{n}: cannot be represented in milli-units" for n in bad]
     if step is None:

@@ -12,13 +12,17 @@ socket in the registry directory, and removes the socket when the `async with` b
 """
 
 from nodeagent.sdk.devices import (
+    Capacity,
     CounterConsumption,
     CounterSet,
     Device,
+    NodeAllocatable,
     Pool,
     Quantity,
+    RequestPolicy,
     SemVer,
     Taint,
+    ValidRange,
     build_inventory,
     build_resources,
 )
@@ -26,16 +30,20 @@ from nodeagent.sdk.dra import DevicePlugin, default_pool_name
 from nodeagent.sdk.reporter import ReporterPlugin, ReportItem, build_report
 
 __all__ = [
+    "Capacity",
     "CounterConsumption",
     "CounterSet",
     "Device",
     "DevicePlugin",
+    "NodeAllocatable",
     "Pool",
     "Quantity",
     "ReportItem",
     "ReporterPlugin",
+    "RequestPolicy",
     "SemVer",
     "Taint",
+    "ValidRange",
     "build_inventory",
     "build_report",
     "build_resources",

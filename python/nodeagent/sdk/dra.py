@@ -5,9 +5,13 @@ async with DevicePlugin.serve(name="gpu.example.com", registry_dir=dir) as plugi
     await plugin.publish([Device("gpu-0", {"model": "A100"}, capacity={"memory": "40Gi"})])
 ```
 
-The native API (`nodeagent.device.v1alpha1.DevicePlugin/ListAndWatch`) carries pools, capacity,
-taints and counters; ``api="seed"`` serves the Kubernetes 1.30 `v1alpha3.Node` API instead (what
-a 1.30 kubelet understands; no taints or counters, list attributes allowed).
+The native API (`nodeagent.device.v1alpha1.DevicePlugin/ListAndWatch`) carries what a node-local
+driver sets in a Kubernetes 1.37 ResourceSlice: pools, capacity with request policies
+(consumable capacity), taints, counters and compatibility groups, binding conditions,
+node-allocatable resources, a partition-type attribute and skipped node operations (see
+`nodeagent.sdk.devices` for each field's feature gate). ``api="seed"`` serves the Kubernetes
+1.30 `v1alpha3.Node` API instead (what a 1.30 kubelet understands; attributes and plain capacity
+only, list attributes allowed).
 """
 
 from __future__ import annotations
@@ -28,26 +32,34 @@ from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
 from nodeagent.rpc.bridge import GrpcBridge
 from nodeagent.sdk._server import PluginServer, serving
 from nodeagent.sdk.devices import (
+    Capacity,
     CounterConsumption,
     CounterSet,
     Device,
+    NodeAllocatable,
     Pool,
     Quantity,
+    RequestPolicy,
     SemVer,
     Taint,
+    ValidRange,
     build_inventory,
     build_resources,
 )
 
 __all__ = [
+    "Capacity",
     "CounterConsumption",
     "CounterSet",
     "Device",
     "DevicePlugin",
+    "NodeAllocatable",
     "Pool",
     "Quantity",
+    "RequestPolicy",
     "SemVer",
     "Taint",
+    "ValidRange",
     "build_inventory",
     "build_resources",
     "default_pool_name",
