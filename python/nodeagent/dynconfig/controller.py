@@ -134,6 +134,12 @@ class Trial(msgspec.Struct, frozen=True, kw_only=True):
     # (`file_hash`, SIGHUP), or both; a rollback reverts both and marks both bad.
     remote: bool = True
     file_hash: str = ""
+    # Seconds of the trial left when the agent stopped cleanly (SIGTERM, SIGINT): the next
+    # start resumes the trial for that long. None while running: found at start, the agent died.
+    remaining: float | None = None
+    # Clean restarts during this trial (a failing liveness probe stops the agent cleanly too:
+    # crashloop_restarts of them count as a crash).
+    restarts: int = 0
 
 
 class State(msgspec.Struct, kw_only=True):
@@ -274,6 +280,8 @@ class Controller(Generic[C]):
         self.boot_source = "defaults"
         self.boot_reason = "not booted"
         self.trial_deadline: float | None = None  # trio time
+        # A trial resumed at boot (a clean restart): its seconds left, armed by run_trials.
+        self._resume_for: float | None = None
         self.condition_ = Condition(True, "Local", "running the local config")
         self.changed = trio.Event()
         self.health = HealthTracker(settings)
@@ -295,41 +303,119 @@ class Controller(Generic[C]):
             return self._boot_local("defaults", loaded)
         self.state = loaded
         now = self.wall()
-        if self.state.trial is not None and not self.state.trial.remote:
-            self._died_on_file_trial(self.state.trial)
-            self.state.trial = None
+        why = "the agent died during its trial"
+        trial = self.state.trial
+        if trial is not None and trial.remaining is not None:
+            restarts = trial.restarts + 1
+            if restarts < self.settings.crashloop_restarts:
+                resumed = self._resume(trial, restarts, now)
+                if resumed is not None:
+                    return resumed
+                trial = self.state.trial
+            else:
+                why = f"the agent restarted {restarts} times during its trial"
+        if trial is not None and not trial.remote:
+            self._died_on_file_trial(trial)
+            self.state.trial = trial = None
             self._save()
-        if self.state.trial is not None:
+        if trial is not None:
             # The process died during a trial: that config is what killed it.
-            trial = self.state.trial
             self.state.trial = None
             if trial.file_hash:
                 self._died_on_file_trial(trial)
             key = self.state.assigned.object_key if self.state.assigned else ""
-            self._mark_bad(trial.hash, key, trial.name, "crash", "the agent died during its trial")
+            self._mark_bad(trial.hash, key, trial.name, "crash", why)
             ROLLBACKS.inc()
             self.on_event(
                 ConfigEvent(
                     "Warning",
                     "ConfigRolledBack",
-                    f"{_describe(trial.name, trial.hash)} rolled back at start: the agent "
-                    "died during its trial",
+                    f"{_describe(trial.name, trial.hash)} rolled back at start: {why}",
                 )
             )
             result = self._boot_from_lkg(
-                "rollback",
-                f"the agent died during the trial of {_describe(trial.name, trial.hash)}",
-                now,
+                "rollback", f"{why}: {_describe(trial.name, trial.hash)}", now
             )
             self._save()
             self.condition_ = Condition(
                 False,
                 "RolledBack",
-                f"{_describe(trial.name, trial.hash)} rolled back: the agent died during its "
-                f"trial; running {_describe(self.active.name, self.active.hash)}",
+                f"{_describe(trial.name, trial.hash)} rolled back: {why}; running "
+                f"{_describe(self.active.name, self.active.hash)}",
             )
             return result
         return self._boot_from_lkg("checkpoint", "checkpointed last-known-good", now)
+
+    def _resume(self, trial: Trial, restarts: int, now: float) -> BootResult[C] | None:
+        """The agent stopped cleanly during `trial`: start on the config on trial and run the
+        rest of the trial (None: it cannot be resumed, and is dropped without blame)."""
+        remaining = trial.remaining or 0.0
+        if trial.file_hash:
+            # A start reads the file as it is now (a reload's trial is not a start's).
+            log.info("dynconfig reload trial ended by a clean stop", hash=trial.file_hash)
+        if not trial.remote:
+            self.state.trial = None
+            self._save()
+            return None
+        assigned = self.state.assigned
+        confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
+        problem = None
+        if assigned is None or assigned.hash != trial.hash:
+            problem = "the checkpoint does not hold the config on trial"
+        elif now - confirmed > self.settings.checkpoint_grace:
+            problem = (
+                f"checkpoint expired ({now - confirmed:.0f}s since the apiserver confirmed it, "
+                f"grace {self.settings.checkpoint_grace:g}s)"
+            )
+        config = None
+        if problem is None and assigned is not None:
+            try:
+                config = self.build(assigned.config)
+            except ConfigError as exc:
+                problem = f"the config on trial no longer builds: {exc}"
+        if problem is not None or config is None or assigned is None:
+            log.info("dynconfig trial not resumed", name=trial.name, reason=problem)
+            self.state.trial = None
+            self._save()
+            return None
+        self.state.trial = msgspec.structs.replace(
+            trial, file_hash="", remaining=None, restarts=restarts
+        )
+        self._save()  # the marker armed again: a crash during the rest of the trial rolls back
+        self._resume_for = remaining
+        self._set_active(
+            Known(hash=trial.hash, name=trial.name, config=assigned.config), source="checkpoint"
+        )
+        self.boot_source = "resumed"
+        self.boot_reason = (
+            f"the agent stopped cleanly during the trial of {_describe(trial.name, trial.hash)}: "
+            f"resumed, {remaining:.0f}s left"
+        )
+        self.condition_ = Condition(
+            True,
+            "OnTrial",
+            f"{_describe(trial.name, trial.hash)} on trial, resumed after a clean restart "
+            f"({remaining:.0f}s left)",
+        )
+        log.info("dynconfig boot", source="resumed", reason=self.boot_reason, hash=trial.hash)
+        return BootResult(config, "resumed", self.boot_reason)
+
+    def stop_clean(self) -> None:
+        """The agent is stopping on request (SIGTERM, SIGINT), nothing of it running any more: a
+        trial under way is recorded as interrupted, not died, with the time it has left."""
+        trial = self.state.trial
+        if trial is None:
+            return
+        if self.trial_deadline is not None:
+            remaining = max(0.0, self.trial_deadline - trio.current_time())
+        elif self._resume_for is not None:
+            remaining = self._resume_for
+        else:
+            remaining = self.settings.trial_duration
+        self.state.trial = msgspec.structs.replace(trial, remaining=remaining)
+        self.trial_deadline = self._resume_for = None  # no tick may end it from here
+        self._save()
+        log.info("dynconfig trial interrupted by a clean stop", name=trial.name, left=remaining)
 
     def _died_on_file_trial(self, trial: Trial) -> None:
         # Unlike a remote config, the file is not rolled back at start: a start reads the file
@@ -713,6 +799,7 @@ class Controller(Generic[C]):
     def _end_trial(self) -> None:
         self.state.trial = None
         self.trial_deadline = None
+        self._resume_for = None
 
     async def run_trials(
         self,
@@ -721,6 +808,11 @@ class Controller(Generic[C]):
     ) -> None:
         """Check the health every health_interval while a trial runs; promote at its end."""
         while True:
+            if self._resume_for is not None:
+                if self.state.trial is not None and self.trial_deadline is None:
+                    self.trial_deadline = trio.current_time() + self._resume_for
+                    self.health.start(reports())
+                self._resume_for = None
             if self.trial_deadline is None:
                 await self.changed.wait()
                 continue
@@ -862,9 +954,10 @@ class Controller(Generic[C]):
                 "remote": trial.remote,
                 "file_hash": trial.file_hash or None,
                 "since": _stamp(trial.started_at),
-                "remaining": None
+                "remaining": self._resume_for
                 if self.trial_deadline is None
                 else max(0.0, self.trial_deadline - trio.current_time()),
+                "restarts": trial.restarts,
             },
             "bad": [
                 {"name": b.name, "hash": b.hash, "kind": b.kind, "reason": b.reason}

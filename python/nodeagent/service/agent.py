@@ -195,6 +195,11 @@ class Agent:
                 outer.start_soon(self._watch_signals, signals)
                 with self._main_scope:
                     await self._serve()
+                if self._shutdown_started and self.controller is not None:
+                    # Stopped on request with nothing running any more: a trial under way is
+                    # resumed at the next start, not taken for a crash (a failure exit never
+                    # gets here, and a kill -9 never runs it: both still roll back).
+                    self.controller.stop_clean()
                 await self._run_shutdown_hooks()
                 outer.cancel_scope.cancel()
         if self._hard_timer is not None:
@@ -222,6 +227,11 @@ class Agent:
         async for signum in signals:
             name = signal.Signals(signum).name
             if signum == signal.SIGHUP:
+                if self._shutdown_started:
+                    # `systemctl reload` racing a stop: a reload now could start a trial that
+                    # the stop then records as interrupted, for a file nobody saw run.
+                    log.warning("SIGHUP during shutdown: ignored, no reload")
+                    continue
                 self.reload()
                 continue
             if self._shutdown_started:

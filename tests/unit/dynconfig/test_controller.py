@@ -421,3 +421,116 @@ async def test_rollback_target_no_longer_valid_keeps_running(
     assert c.condition().reason == "RolledBack" and "failed" in c.condition().message
     assert c.active.hash == hasher({"log_level": "debug"})
     assert c.state.trial is None
+
+
+# ---- a clean stop during a trial (issue 21, section 1) -----------------------------------
+
+
+async def _survives(rig: Rig, seconds: float) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rig.controller.run_trials, lambda: [Report("publisher")])
+        await trio.sleep(seconds)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_clean_stop_during_a_trial_resumes_it_at_the_next_start(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    wall = Wall()
+    first = make(tmp_path, wall)
+    first.controller.assign(target({"interval": 7}), [Report("publisher")])
+    applied = hasher({"interval": 7})
+    await _survives(first, 200)
+    first.controller.stop_clean()  # SIGTERM: the agent records that it stopped cleanly
+    assert saved(first)["trial"]["remaining"] == pytest.approx(400, abs=1)
+
+    wall.now += 30  # a DaemonSet rollout
+    second = make(tmp_path, wall)
+    c = second.controller
+    assert c.boot_source == "resumed", c.boot_reason
+    assert c.active.hash == applied and second.hub.current["interval"] == 7
+    assert c.state.bad == [] and reasons(second) == []
+    assert c.condition().reason == "OnTrial" and "resumed" in c.condition().message
+    # The marker is armed again: a crash during the rest of the trial still rolls back.
+    assert saved(second)["trial"]["remaining"] is None
+    assert c.state.lkg is not None and c.state.lkg.hash == LOCAL_HASH
+    # The watch lists the same object: nothing re-applied, the trial goes on.
+    c.assign(target({"interval": 7}))
+    assert second.hub.proposals == [] and c.state.trial is not None
+    await _survives(second, 399)
+    assert c.state.trial is not None  # the remaining time, not a fresh trial nor none
+    await _survives(second, 2)
+    assert c.state.trial is None and c.state.lkg is not None and c.state.lkg.hash == applied
+    assert c.condition().reason == "Active"
+
+
+async def test_a_crash_after_a_clean_restart_during_the_trial_rolls_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    wall = Wall()
+    first = make(tmp_path, wall)
+    first.controller.assign(target({"interval": 7}), [Report("publisher")])
+    first.controller.stop_clean()
+    second = make(tmp_path, wall)
+    assert second.controller.boot_source == "resumed"
+    await _survives(second, 10)
+    # killed (no stop_clean): the next start rolls back as before.
+    third = make(tmp_path, wall)
+    assert third.controller.boot_source == "rollback"
+    assert third.controller.active.hash == LOCAL_HASH and third.hub.current == LOCAL
+    assert [b.kind for b in third.controller.state.bad] == ["crash"]
+
+
+async def test_clean_restarts_in_a_loop_during_a_trial_roll_back(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A config whose agent is stopped again and again (a failing liveness probe: the kubelet
+    sends SIGTERM) must not reach promotion by restarts: crashloop_restarts clean restarts
+    during one trial count as a crash."""
+    wall = Wall()
+    rig = make(tmp_path, wall, crashloop_restarts=3)
+    rig.controller.assign(target({"interval": 7}), [Report("publisher")])
+    for _ in range(2):
+        rig.controller.stop_clean()
+        rig = make(tmp_path, wall, crashloop_restarts=3)
+        assert rig.controller.boot_source == "resumed"
+    rig.controller.stop_clean()
+    rig = make(tmp_path, wall, crashloop_restarts=3)
+    c = rig.controller
+    assert c.boot_source == "rollback" and c.active.hash == LOCAL_HASH
+    assert "restarted 3 times during its trial" in c.condition().message
+    assert [b.kind for b in c.state.bad] == ["crash"]
+
+
+async def test_a_clean_stop_past_the_grace_does_not_resume_nor_mark_bad(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    wall = Wall()
+    first = make(tmp_path, wall, checkpoint_grace=3600.0)
+    first.controller.assign(target({"interval": 7}), [Report("publisher")])
+    first.controller.stop_clean()
+    wall.now += 7200
+    second = make(tmp_path, wall, checkpoint_grace=3600.0)
+    c = second.controller
+    assert c.boot_source == "defaults" and c.active.hash == LOCAL_HASH
+    assert c.state.trial is None and c.state.bad == []
+    # Assigned again once the apiserver answers: a fresh trial.
+    c.assign(target({"interval": 7}))
+    assert c.active.hash == hasher({"interval": 7}) and c.state.trial is not None
+
+
+async def test_a_clean_stop_during_a_reload_trial_forgets_the_file_trial(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    wall = Wall()
+    first = make(tmp_path, wall)
+    first.hub.current = {}  # every field differs: the reload is applied, on trial
+    result, _ = first.controller.propose_local("file-2", lambda: None)
+    assert result == "applied"
+    assert first.controller.state.trial is not None
+    assert first.controller.state.trial.file_hash == "file-2"
+    first.controller.stop_clean()
+    second = make(tmp_path, wall)
+    # The start reads the file as it is: not a crash of the reload, not marked bad.
+    assert second.controller.state.bad_file is None and reasons(second) == []
+    assert second.controller.state.trial is None and second.controller.boot_source == "defaults"
