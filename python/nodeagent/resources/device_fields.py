@@ -314,6 +314,16 @@ def _canon(text: str | None) -> str | None:
 def canonical_capacity(c: DeviceCapacity) -> DeviceCapacity:
     """The capacity with every quantity (value and request policy) in canonical form."""
     policy = c.request_policy
+    if (
+        policy is not None
+        and policy.default is None
+        and not policy.valid_values
+        and policy.valid_range is None
+    ):
+        # Validated already (the device allows multiple allocations): an empty policy means what
+        # no policy means, and the server would store it as `{"default": null}`, which the
+        # planner rightly tells apart from the `{}` sent, rewriting it every time.
+        policy = None
     if policy is not None:
         r = policy.valid_range
         policy = msgspec.structs.replace(

@@ -27,11 +27,37 @@ enum Ctx {
     CounterSet,
     Taints,
     Taint,
+    /// A capacity's `requestPolicy`: `default` is an optional Quantity.
+    RequestPolicy,
+    /// `validValues`: a list of Quantities.
+    QuantityList,
+    /// `validRange`, a node-allocatable `mapping` or `overhead`: optional Quantity members.
+    QuantityFields,
+    /// A device's `nodeAllocatableResources` map, and one of its entries.
+    NodeAllocatableMap,
+    NodeAllocatable,
+}
+
+/// The members of a `QuantityFields` object that are `*resource.Quantity` upstream.
+fn is_quantity_field(key: &str) -> bool {
+    matches!(
+        key,
+        "min"
+            | "max"
+            | "step"
+            | "capacityMultiplier"
+            | "deviceMultiplier"
+            | "perPod"
+            | "perContainer"
+    )
 }
 
 impl Ctx {
     fn is_array(self) -> bool {
-        matches!(self, Ctx::Devices | Ctx::CounterSets | Ctx::Taints)
+        matches!(
+            self,
+            Ctx::Devices | Ctx::CounterSets | Ctx::Taints | Ctx::QuantityList
+        )
     }
     fn is_object(self) -> bool {
         !self.is_array()
@@ -335,7 +361,12 @@ impl<'a> Reader<'a> {
                 if elem == Ctx::Device && self.sc.peek() != Some(b'{') {
                     self.device_names.push(String::new());
                 }
-                self.value(elem)?;
+                if ctx == Ctx::QuantityList {
+                    // A null element decodes as a zero Quantity.
+                    self.quantity()?;
+                } else {
+                    self.value(elem)?;
+                }
                 n += 1;
                 if !self.sc.comma_or(b']')? {
                     break;
@@ -354,6 +385,12 @@ impl<'a> Reader<'a> {
             (Ctx::Device, "capacity") | (Ctx::CounterSet, "counters") => Ctx::QuantityMap,
             (Ctx::Device, "taints") => Ctx::Taints,
             (Ctx::QuantityMap, _) => Ctx::QuantityEntry,
+            (Ctx::QuantityEntry, "requestPolicy") => Ctx::RequestPolicy,
+            (Ctx::RequestPolicy, "validValues") => Ctx::QuantityList,
+            (Ctx::RequestPolicy, "validRange") => Ctx::QuantityFields,
+            (Ctx::Device, "nodeAllocatableResources") => Ctx::NodeAllocatableMap,
+            (Ctx::NodeAllocatableMap, _) => Ctx::NodeAllocatable,
+            (Ctx::NodeAllocatable, "mapping" | "overhead") => Ctx::QuantityFields,
             _ => Ctx::Generic,
         }
     }
@@ -372,6 +409,14 @@ impl<'a> Reader<'a> {
             }
             (Ctx::Taint, "timeAdded") => {
                 self.times[time_slot] = self.time()?;
+                return Ok(false);
+            }
+            (Ctx::RequestPolicy, "default") | (Ctx::QuantityFields, _)
+                if self.sc.peek() == Some(b'n')
+                    && (ctx == Ctx::RequestPolicy || is_quantity_field(k)) =>
+            {
+                // A nil *Quantity: the same as absent (upstream writes `"default": null`).
+                self.sc.literal(b"null")?;
                 return Ok(false);
             }
             (Ctx::Device, "name") => {
@@ -397,7 +442,10 @@ impl<'a> Reader<'a> {
             write_str(&mut self.out, k);
             self.out.push(b':');
         }
-        if ctx == Ctx::QuantityEntry && k == "value" {
+        if (ctx == Ctx::QuantityEntry && k == "value")
+            || (ctx == Ctx::RequestPolicy && k == "default")
+            || (ctx == Ctx::QuantityFields && is_quantity_field(k))
+        {
             self.quantity()?;
             return Ok(true);
         }
@@ -597,6 +645,49 @@ mod tests {
                 r#"{"devices": [{"name": "d", "capacity": {"m": {}, "n": null, "o": {"value": "1Ki"}}}]}"#
             ),
             r#"{"devices":[{"capacity":{"m":{"value":"0"},"n":{"value":"0"},"o":{"value":"1024"}},"name":"d"}]}"#
+        );
+    }
+
+    #[test]
+    fn request_policies_and_node_allocatable_quantities_by_value() {
+        let a = key(
+            r#"{"devices": [{"name": "d", "capacity": {"c": {"value": "1Gi", "requestPolicy":
+                {"default": "1Gi", "validValues": ["1024Mi", null], "validRange":
+                 {"min": "1k", "max": null, "step": "1e3"}}}},
+                "nodeAllocatableResources": {"cpu": {"mapping": {"capacityKey": "c",
+                 "capacityMultiplier": "2000m"}, "overhead": {"perPod": "0.5", "perContainer": null}}}}]}"#,
+        );
+        let b = key(
+            r#"{"devices": [{"name": "d", "nodeAllocatableResources": {"cpu": {"overhead":
+                {"perPod": "500m"}, "mapping": {"capacityMultiplier": "2", "capacityKey": "c"}}},
+                "capacity": {"c": {"requestPolicy": {"validRange": {"step": "1000", "min": "1000"},
+                 "validValues": ["1Gi", "0"], "default": "1073741824"}, "value": "1Gi"}}}]}"#,
+        );
+        assert_eq!(a, b);
+        // A nil default is absent; capacityKey is a name, not a quantity.
+        assert_eq!(
+            key(
+                r#"{"devices": [{"capacity": {"c": {"value": "1", "requestPolicy": {"default": null, "validRange": {"min": "1"}}}}}]}"#
+            ),
+            key(
+                r#"{"devices": [{"capacity": {"c": {"value": "1", "requestPolicy": {"validRange": {"min": "1"}}}}}]}"#
+            )
+        );
+        assert_ne!(
+            key(
+                r#"{"devices": [{"nodeAllocatableResources": {"cpu": {"mapping": {"capacityKey": "e3"}}}}]}"#
+            ),
+            key(
+                r#"{"devices": [{"nodeAllocatableResources": {"cpu": {"mapping": {"capacityKey": "1000"}}}}]}"#
+            )
+        );
+        assert_ne!(
+            key(
+                r#"{"devices": [{"capacity": {"c": {"value": "1", "requestPolicy": {"default": "1"}}}}]}"#
+            ),
+            key(
+                r#"{"devices": [{"capacity": {"c": {"value": "1", "requestPolicy": {"default": "2"}}}}]}"#
+            )
         );
     }
 

@@ -5,7 +5,9 @@
 //! DeepEqual treats nil and empty alike), a false `allNodes` (upstream compares it as a plain
 //! bool), and `spec.pool` (compared separately by the planner); it keeps list order; it spells
 //! quantities at the Quantity paths (device capacity, counter values) by value, an absent or null
-//! value being zero; and it moves taint `timeAdded` out into a side list, because upstream's
+//! value being zero, and at the optional Quantity paths (a capacity's `requestPolicy` default,
+//! `validValues` and `validRange` min/max/step; a device's `nodeAllocatableResources` multipliers
+//! and overheads) by value, a null one being absent; and it moves taint `timeAdded` out into a side list, because upstream's
 //! `DevicesDeepEqual` allows +-1 s there and treats an unset time as equal to any.
 //! `canon.rs` writes the tree as canonical bytes straight from the JSON input: an exact hash key.
 

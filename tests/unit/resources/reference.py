@@ -26,6 +26,27 @@ _QUANTITY_MAPS = {
     ("sharedCounters", "*", "counters"),
 }
 _TAINTS = ("devices", "*", "taints")
+# Optional (*Quantity) scalars: compared by value; null is absent. "*" matches any key.
+_POLICY = ("devices", "*", "capacity", "*", "entry", "requestPolicy")
+_ALLOC = ("devices", "*", "nodeAllocatableResources", "*")
+_QUANTITY_FIELDS = [
+    (*_POLICY, "default"),
+    (*_POLICY, "validRange", "min"),
+    (*_POLICY, "validRange", "max"),
+    (*_POLICY, "validRange", "step"),
+    (*_ALLOC, "mapping", "capacityMultiplier"),
+    (*_ALLOC, "mapping", "deviceMultiplier"),
+    (*_ALLOC, "overhead", "perPod"),
+    (*_ALLOC, "overhead", "perContainer"),
+]
+# List elements: a null one is a zero Quantity.
+_QUANTITY_LIST = (*_POLICY, "validValues", "*")
+
+
+def _matches(path: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    return len(path) == len(pattern) and all(
+        q == "*" or p == q for p, q in zip(path, pattern, strict=True)
+    )
 
 
 def _empty(v: Json) -> bool:
@@ -82,6 +103,12 @@ def _eq(a: Json, b: Json, path: tuple[str, ...]) -> bool:
                 if not _times_equal(x, y):
                     return False
                 continue
+            if any(_matches((*path, k), q) for q in _QUANTITY_FIELDS):
+                if x is None and y is None:
+                    continue
+                if x is None or y is None or _quantity_value(x) != _quantity_value(y):
+                    return False
+                continue
             if _empty(x) and _empty(y):
                 continue
             if _empty(x) or _empty(y) or not _eq(x, y, (*path, k)):
@@ -89,6 +116,8 @@ def _eq(a: Json, b: Json, path: tuple[str, ...]) -> bool:
         return True
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(_eq(x, y, (*path, "*")) for x, y in zip(a, b, strict=True))
+    if _matches(path, _QUANTITY_LIST):
+        return _quantity_value(a) == _quantity_value(b)
     if isinstance(a, dict | list) or isinstance(b, dict | list):
         return False
     return _scalar_equal(a, b)

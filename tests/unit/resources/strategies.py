@@ -20,6 +20,11 @@ QUANTITY_GROUPS: list[list[Json]] = [
     ["0", "0m", "-0", None, ABSENT],
     ["2k", "2000", "2e3"],
 ]
+# Spellings of *Quantity fields (request policies, node-allocatable resources): null is absent
+# there, not zero.
+OPTIONAL_QUANTITY_GROUPS: list[list[Json]] = [
+    [v for v in g if v is not None and v is not ABSENT] for g in QUANTITY_GROUPS
+]
 TIMES: list[list[Json]] = [
     ["2024-05-01T10:00:00Z", "2024-05-01T12:00:00+02:00", "2024-05-01T10:00:01Z"],
     ["2024-05-01T10:00:05Z", "2024-05-01T10:00:04Z"],
@@ -65,12 +70,46 @@ def device(draw: st.DrawFn, name: str) -> dict[str, Json]:
         for k, g in caps.items():
             v = QUANTITY_GROUPS[g][0]
             capacity[k] = {} if v is ABSENT else {"value": v}
+            policy = draw(request_policy())
+            if policy is not ABSENT:
+                capacity[k]["requestPolicy"] = policy
         d["capacity"] = capacity
+    if draw(st.integers(0, 3)) == 0:
+        d["allowMultipleAllocations"] = True
+        d["nodeAllocatableResources"] = {
+            "cpu": {"mapping": {"capacityKey": "mem", "capacityMultiplier": draw(_opt_q())}},
+            "memory": {"overhead": {"perPod": draw(_opt_q()), "perContainer": draw(_opt_q())}},
+        }
     if draw(st.integers(0, 3)) == 0:
         taint: dict[str, Json] = {"key": "example.com/t", "effect": "NoSchedule"}
         _put(taint, "timeAdded", TIMES[draw(st.integers(0, len(TIMES) - 1))][0])
         d["taints"] = [taint]
     return d
+
+
+def _opt_q() -> st.SearchStrategy[Json]:
+    return st.sampled_from([g[0] for g in OPTIONAL_QUANTITY_GROUPS])
+
+
+@st.composite
+def request_policy(draw: st.DrawFn) -> Json:
+    kind = draw(st.sampled_from(["none", "none", "values", "range", "default"]))
+    if kind == "none":
+        return ABSENT
+    policy: dict[str, Json] = {"default": draw(_opt_q())}
+    if kind == "values":
+        policy["validValues"] = draw(st.lists(_opt_q(), min_size=1, max_size=3))
+    elif kind == "range":
+        policy["validRange"] = {"min": draw(_opt_q()), "step": draw(_opt_q())}
+    return policy
+
+
+def _respell_optional(obj: dict[str, Json], key: str, draw: st.DrawFn) -> None:
+    """Respell an optional quantity member; an absent one may become null."""
+    if key in obj:
+        obj[key] = _respell(obj[key], draw, OPTIONAL_QUANTITY_GROUPS)
+    elif draw(st.booleans()):
+        obj[key] = None
 
 
 @st.composite
@@ -108,6 +147,24 @@ def semantic_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
             v = _respell(c.get("value", ABSENT), draw, QUANTITY_GROUPS)
             c.pop("value", None)
             _put(c, "value", v)
+            policy = c.get("requestPolicy")
+            if policy is not None:
+                _respell_optional(policy, "default", draw)
+                if "validValues" in policy:
+                    policy["validValues"] = [
+                        _respell(q, draw, OPTIONAL_QUANTITY_GROUPS) for q in policy["validValues"]
+                    ]
+                if "validRange" in policy:
+                    for k in ("min", "max", "step"):
+                        _respell_optional(policy["validRange"], k, draw)
+        for resource in (d.get("nodeAllocatableResources") or {}).values():
+            for part, keys in (
+                ("mapping", ("capacityMultiplier", "deviceMultiplier")),
+                ("overhead", ("perPod", "perContainer")),
+            ):
+                for k in keys:
+                    if part in resource:
+                        _respell_optional(resource[part], k, draw)
         for t in d.get("taints") or []:
             v = _respell(t.get("timeAdded", ABSENT), draw, TIMES[:1] + TIMES[2:])
             t.pop("timeAdded", None)
@@ -124,7 +181,11 @@ def semantic_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
 def changed_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
     out = draw(semantic_copy(spec))
     devices = out.get("devices") or []
-    change = draw(st.sampled_from(["reorder", "attr", "drop", "add", "time", "time2", "quantity"]))
+    change = draw(
+        st.sampled_from(
+            ["reorder", "attr", "drop", "add", "time", "time2", "quantity", "policy", "overhead"]
+        )
+    )
     if change == "reorder" and len(devices) > 1:
         devices.reverse()
     elif change == "attr" and devices:
@@ -147,6 +208,11 @@ def changed_copy(draw: st.DrawFn, spec: dict[str, Json]) -> dict[str, Json]:
         ]
     elif change == "quantity" and devices:
         devices[0]["capacity"] = {"mem": {"value": "1G"}}
+    elif change == "policy" and devices:
+        policy = {"default": draw(st.sampled_from(["3", None])), "validValues": ["3"]}
+        devices[0]["capacity"] = {"mem": {"value": "4", "requestPolicy": policy}}
+    elif change == "overhead" and devices:
+        devices[0]["nodeAllocatableResources"] = {"memory": {"overhead": {"perPod": "7"}}}
     return out
 
 

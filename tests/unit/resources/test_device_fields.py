@@ -114,3 +114,17 @@ def test_the_stored_slice_decodes_with_upstream_nulls() -> None:
     policy = spec.devices[0].capacity["c"].request_policy
     assert policy is not None and policy.default is None
     assert policy.valid_range is not None and policy.valid_range.min == "0"
+
+
+def test_an_empty_policy_is_published_as_none() -> None:
+    # The server stores an empty policy as {"default": null}, which is not the {} sent: the
+    # planner would rewrite it forever. Empty means what no policy means, so none is sent.
+    device = Device(
+        name="d",
+        capacity={"c": DeviceCapacity(value="1", request_policy=CapacityRequestPolicy())},
+        allow_multiple_allocations=True,
+    )
+    pool = Pool(name="p", devices=[device])
+    validate_inventory(Inventory(driver=DRIVER, pools=[pool]))
+    (spec,) = desired_slices(DRIVER, pool, "n")
+    assert msgspec.to_builtins(spec)["devices"][0]["capacity"] == {"c": {"value": "1"}}
