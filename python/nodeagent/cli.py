@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import sys
+import urllib.request
 from collections.abc import Sequence
 
 from nodeagent import __version__
@@ -211,6 +212,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from nodeagent.service import status
 
     address = _status_address(args)
+    # The ops endpoint is the node's own: never through http_proxy/HTTPS_PROXY (common on
+    # nodes), which would report a running agent unreachable. urlopen uses this opener.
+    urllib.request.install_opener(urllib.request.build_opener(urllib.request.ProxyHandler({})))
     try:
         doc = status.fetch(address, "/v1/status", args.timeout)
         plugins = status.fetch(address, "/v1/plugins", args.timeout)
