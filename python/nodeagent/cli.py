@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import urllib.request
 from collections.abc import Sequence
 
 from nodeagent import __version__
@@ -209,6 +208,8 @@ def _status_address(args: argparse.Namespace) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    import urllib.request
+
     from nodeagent.service import status
 
     address = _status_address(args)
