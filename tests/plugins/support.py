@@ -20,6 +20,7 @@ from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
+from nodeagent.rpc import run_in_trio
 
 WAIT = 10.0  # bound on every real-time wait: generous for a loaded 2-core machine
 
@@ -99,7 +100,7 @@ class ScriptedRegistration(reg_grpc.RegistrationBase):
         if self.fail_get_info:
             raise GRPCError(Status.UNAVAILABLE, "scripted failure")
         await stream.send_message(self.info)
-        self.answered.set(self.answered.value + 1)
+        await run_in_trio(self.answered.set, self.answered.value + 1)  # a Trio object
 
     async def wait_answered(self, count: int) -> None:
         """Until GetInfo (registration or probe) has been answered `count` times in all."""
@@ -114,7 +115,7 @@ class ScriptedRegistration(reg_grpc.RegistrationBase):
         assert status is not None
         self.statuses.append(status)
         await stream.send_message(reg.RegistrationStatusResponse())
-        self.notified.set(len(self.statuses))
+        await run_in_trio(self.notified.set, len(self.statuses))
 
     async def wait_notified(self, count: int = 1) -> reg.RegistrationStatus:
         with trio.fail_after(WAIT):

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 import trio
-import trio_asyncio
 from grpclib import GRPCError
 from grpclib.const import Status
 from grpclib.encoding.proto import ProtoCodec
@@ -527,7 +526,7 @@ async def test_malformed_protobuf_is_rejected_and_the_stream_goes_on(
         await server.wait_closed()
 
     malformed_before = _errors("message_malformed")
-    server = await trio_asyncio.aio_as_trio(start, loop=bridge._loop)()
+    server = await bridge.run_asyncio(start)
     try:
         channel = manager.channel("ReporterPlugin")
         await wait_until(
@@ -544,4 +543,4 @@ async def test_malformed_protobuf_is_rejected_and_the_stream_goes_on(
         assert status["stream_restarts"] == 0
         assert _errors("message_malformed") == malformed_before + 1
     finally:
-        await trio_asyncio.aio_as_trio(stop, loop=bridge._loop)(server)
+        await bridge.run_asyncio(stop, server)

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 
 from nodeagent.plugins import PluginManager
 from nodeagent.rpc import GrpcBridge, MessageTooLarge
-from nodeagent.rpc.bridge import _limit_reads
+from nodeagent.rpc._grpc import limit_reads as _limit_reads
 from nodeagent.sdk import ReporterPlugin
 from tests.plugins.conftest import fast_settings
 from tests.plugins.support import WAIT, report, report_of, status_item, wait_until

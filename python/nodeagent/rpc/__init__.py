@@ -1,4 +1,5 @@
-"""The Trio-facing gRPC bridge (`bridge`): grpclib inside one trio-asyncio loop, unix sockets.
+"""The Trio-facing gRPC bridge (`bridge`): grpclib on one asyncio loop in its own thread, unix
+sockets.
 
 A leaf of its own: the agent's plugin manager dials plugins through it and the SDK serves
 plugins through it, so neither imports the other. It imports nothing of nodeagent.
@@ -14,6 +15,7 @@ from nodeagent.rpc.bridge import (
     RpcError,
     ServerStream,
     open_grpc_bridge,
+    run_in_trio,
 )
 
 __all__ = [
@@ -26,4 +28,5 @@ __all__ = [
     "RpcError",
     "ServerStream",
     "open_grpc_bridge",
+    "run_in_trio",
 ]

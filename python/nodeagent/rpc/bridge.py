@@ -1,4 +1,4 @@
-"""The Trio-facing gRPC bridge: grpclib (asyncio-only) inside one long-lived trio-asyncio loop.
+"""The Trio-facing gRPC bridge: grpclib (asyncio-only) on one asyncio loop in a thread of its own.
 
 The service opens the bridge once at the root of the process's task tree
 (``async with open_grpc_bridge() as bridge:``) and passes it down. Everything else talks to gRPC
@@ -12,36 +12,46 @@ through this module's small API, so no asyncio object or grpclib exception reach
   sides see (grpclib's ``timeout=`` sends ``grpc-timeout``; a Trio deadline backs it up);
 - `GrpcBridge.server_stream(method, request)` opens a server-streaming call, yielding a Trio
   async iterator of replies;
-- `GrpcBridge.serve(handlers, path)` serves grpclib handlers on a unix socket.
+- `GrpcBridge.serve(handlers, path)` serves grpclib handlers on a unix socket;
+- `run_in_trio(fn, *args)`, awaited by asyncio code on the bridge loop (a grpclib handler),
+  runs `fn` in Trio (in a task of the bridge's nursery when it is async) and returns its result.
 
-Every failure surfaces as `RpcError` (with the gRPC status name) or one of its subclasses.
+Every failure surfaces as `RpcError` (with the gRPC status name) or one of its subclasses, an
+`asyncio.CancelledError` of the asyncio side included.
+
+How: the loop runs in a dedicated thread for the bridge's lifetime. Each hop is one callback
+posted to the other side (`loop.call_soon_threadsafe` one way, `TrioToken.run_sync_soon` the
+other); a server stream is pumped by one asyncio task into a small buffer that the Trio side
+drains, with one wake-up per batch rather than per message. Every asyncio task the bridge starts
+belongs to a Trio caller, which cancels it and waits for it (bounded by `_CLOSE_TIMEOUT`) when
+it leaves: nothing on the asyncio side outlives its Trio owner. See README "Architecture".
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+import collections
+import inspect
+import threading
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Generic, ParamSpec, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, Protocol, TypeVar, cast, overload
 
+import outcome
 import trio
-import trio_asyncio
-from google.protobuf.message import DecodeError, Message
-from grpclib import GRPCError
-from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
-from grpclib.client import Stream as ClientStream
-from grpclib.const import Status
-from grpclib.encoding.proto import ProtoCodec
-from grpclib.exceptions import ProtocolError, StreamTerminatedError
-from grpclib.metadata import Deadline
-from grpclib.protocol import H2Protocol
-from grpclib.protocol import Stream as H2Stream
-from grpclib.server import Server
-from h2.errors import ErrorCodes
-from multidict import MultiDict
+
+from nodeagent.rpc.errors import (
+    ConnectCheck,
+    MalformedMessage,
+    MessageRejected,
+    MessageTooLarge,
+    RpcError,
+)
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+    from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
 
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
@@ -54,6 +64,7 @@ __all__ = [
     "RpcError",
     "ServerStream",
     "open_grpc_bridge",
+    "run_in_trio",
 ]
 
 DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -62,175 +73,21 @@ DEFAULT_MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 _TRIO_DEADLINE_MARGIN = 0.25
 # Closing a stream or server must not hang shutdown on a wedged peer.
 _CLOSE_TIMEOUT = 5.0
+# A stream's pump stops reading (and so HTTP/2 flow control pushes back on the plugin) once this
+# many replies wait for the Trio consumer, and reads on when it has taken half of them.
+_STREAM_BUFFER = 16
 
 P = ParamSpec("P")
 T = TypeVar("T")
-Req = TypeVar("Req", bound=Message)
-Rep = TypeVar("Rep", bound=Message)
+Req = TypeVar("Req", bound="Message")
+Rep = TypeVar("Rep", bound="Message")
 
 
-class RpcError(Exception):
-    """A gRPC call failed. `status` is the gRPC status name, e.g. ``"UNAVAILABLE"``."""
+def _grpc_module() -> Any:
+    # Lazily: an idle node with no plugins never loads grpclib, h2, hpack, multidict.
+    from nodeagent.rpc import _grpc
 
-    def __init__(self, status: str, message: str) -> None:
-        self.status = status
-        self.message = message
-        super().__init__(f"{status}: {message}")
-
-
-class MessageRejected(RpcError):
-    """The peer sent a message that was refused before it reached any consumer."""
-
-
-class MessageTooLarge(MessageRejected):
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__("RESOURCE_EXHAUSTED", f"message of {size} bytes exceeds limit {limit}")
-        self.size = size
-        self.limit = limit
-
-
-class MalformedMessage(MessageRejected):
-    def __init__(self, detail: str) -> None:
-        super().__init__("INTERNAL", f"malformed protobuf message: {detail}")
-
-
-class _LimitedProtoCodec(ProtoCodec):
-    """Refuses undecodable messages; the size limit is enforced before buffering (below), and
-    checked here again for messages that reach the codec some other way."""
-
-    def __init__(self, max_message_bytes: int) -> None:
-        self.max_message_bytes = max_message_bytes
-
-    def decode(self, data: bytes, message_type: Any) -> Any:
-        if len(data) > self.max_message_bytes:
-            raise MessageTooLarge(len(data), self.max_message_bytes)
-        try:
-            return message_type.FromString(data)
-        except DecodeError as exc:
-            raise MalformedMessage(str(exc)) from None
-
-
-def _limit_reads(stream: H2Stream, limit: int) -> None:
-    """Refuse a message longer than `limit` from its 5-byte gRPC prefix, before its body is read.
-
-    grpclib reads the prefix (``recv_data(5)``), then ``recv_data(length)`` for the body, which
-    waits until that many bytes are buffered, granting HTTP/2 window all the while: a peer
-    announcing 400 MB is sent window for all of it. Here a body read over the limit resets the
-    stream (RST_STREAM CANCEL: no more window for it, and h2 credits the connection window for
-    any DATA still in flight) and hands back the connection window of what was already buffered,
-    so the connection's other streams do not stall. At most one stream window (grpclib: 4 MiB)
-    of a refused message is ever held, and only until this returns.
-    """
-    read = stream.recv_data
-
-    async def recv_data(size: int) -> bytes:
-        if size > limit:
-            if stream.closable:
-                stream.reset_nowait(ErrorCodes.CANCEL)
-            buffered = stream.buffer.unacked_size()  # drains the buffer
-            if buffered and stream.id is not None:
-                stream.connection.ack(stream.id, buffered)
-            raise MessageTooLarge(size, limit)
-        data: bytes = await read(size)
-        return data
-
-    stream.recv_data = recv_data  # type: ignore[method-assign]
-
-
-class _LimitedClientStream(ClientStream[Any, Any]):
-    """A client call whose every received message is size-checked before buffering."""
-
-    def __init__(self, *args: Any, max_message_bytes: int, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._max_message_bytes = max_message_bytes
-
-    async def send_request(self, *, end: bool = False) -> None:
-        await super().send_request(end=end)
-        # The HTTP/2 stream exists from here on; nothing has been read from it yet.
-        _limit_reads(self._stream, self._max_message_bytes)
-
-
-class _LimitedChannel(Channel):
-    """A channel whose calls refuse oversized messages before buffering them."""
-
-    def __init__(self, *, path: str, codec: _LimitedProtoCodec) -> None:
-        super().__init__(path=path, codec=codec)
-        self._max_message_bytes = codec.max_message_bytes
-
-    def request(
-        self,
-        name: str,
-        cardinality: Any,
-        request_type: Any,
-        reply_type: Any,
-        *,
-        timeout: float | None = None,
-        deadline: Deadline | None = None,
-        metadata: Any = None,
-    ) -> ClientStream[Any, Any]:
-        # As grpclib's Channel.request, with the stream type replaced.
-        if timeout is not None:
-            limit = Deadline.from_timeout(timeout)
-            deadline = limit if deadline is None else min(limit, deadline)
-        return _LimitedClientStream(
-            self,
-            name,
-            MultiDict(metadata or ()),
-            cardinality,
-            request_type,
-            reply_type,
-            codec=self._codec,
-            status_details_codec=self._status_details_codec,
-            dispatch=self.__dispatch__,
-            deadline=deadline,
-            max_message_bytes=self._max_message_bytes,
-        )
-
-
-def _to_rpc_error(exc: BaseException) -> RpcError | None:
-    if isinstance(exc, RpcError):
-        return exc
-    if isinstance(exc, GRPCError):
-        return RpcError(exc.status.name, exc.message or exc.status.name)
-    if isinstance(exc, StreamTerminatedError | ProtocolError):
-        return RpcError("UNAVAILABLE", f"stream terminated: {exc}")
-    # Before OSError: asyncio.TimeoutError is the builtin TimeoutError, an OSError subclass.
-    if isinstance(exc, asyncio.TimeoutError | trio.TooSlowError):
-        return RpcError("DEADLINE_EXCEEDED", "deadline exceeded")
-    if isinstance(exc, OSError):
-        return RpcError("UNAVAILABLE", f"connection failed: {exc}")
-    if isinstance(exc, asyncio.CancelledError):
-        # The asyncio side cancelled the call (e.g. the channel was closed under it).
-        return RpcError("CANCELLED", "call cancelled")
-    return None
-
-
-ConnectCheck = Callable[[socket.socket, str], None]
-"""Called with each newly connected unix socket and its path, before any gRPC is spoken on it;
-raises (an RpcError subclass) to refuse the connection."""
-
-
-class _CheckedChannel(_LimitedChannel):
-    """A unix-socket channel that connects the socket itself and runs `check` on it first, on
-    every (re)connection: what is checked is the very connection the calls then use."""
-
-    def __init__(self, *, path: str, codec: _LimitedProtoCodec, check: ConnectCheck) -> None:
-        super().__init__(path=path, codec=codec)
-        self._check = check
-
-    async def _create_connection(self) -> H2Protocol:
-        path = self._path
-        assert path is not None
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.setblocking(False)
-            await self._loop.sock_connect(sock, path)
-            self._check(sock, path)
-            _, protocol = await self._loop.create_unix_connection(self._protocol_factory, sock=sock)
-        except BaseException:
-            sock.close()
-            raise
-        return protocol
+    return _grpc
 
 
 class _Stub(Protocol):
@@ -252,66 +109,170 @@ class GrpcChannel:
         return stub_type(self._channel)
 
 
+_END = object()
+
+
+class _Inbox:
+    """Replies handed from the pump (asyncio thread) to the consumer (Trio thread).
+
+    The lock guards the hand-over flags; the waker is posted to Trio only when the consumer is
+    parked and no wake-up is already on its way, so a burst costs one hop, not one per reply.
+    """
+
+    def __init__(self, bridge: GrpcBridge) -> None:
+        self._bridge = bridge
+        self._lock = threading.Lock()
+        self._items: collections.deque[Any] = collections.deque()
+        self._waiter: trio.Event | None = None
+        self._wake_posted = False
+        self._room: asyncio.Future[None] | None = None
+
+    # -- asyncio side
+    def push(self, item: Any) -> asyncio.Future[None] | None:
+        """Queue `item`; returns a future to await before reading more when the buffer is full."""
+        with self._lock:
+            self._items.append(item)
+            wake = self._waiter is not None and not self._wake_posted
+            if wake:
+                self._wake_posted = True
+            room = None
+            if len(self._items) >= _STREAM_BUFFER:
+                room = self._room = self._bridge._loop.create_future()
+        if wake:
+            self._bridge._to_trio(self._wake)
+        return room
+
+    # -- Trio side
+    def _wake(self) -> None:
+        with self._lock:
+            waiter, self._waiter, self._wake_posted = self._waiter, None, False
+        if waiter is not None:
+            waiter.set()
+
+    async def get(self) -> Any:
+        while True:
+            with self._lock:
+                if self._items:
+                    item = self._items.popleft()
+                    room = None
+                    if self._room is not None and len(self._items) <= _STREAM_BUFFER // 2:
+                        room, self._room = self._room, None
+                    break
+                waiter = self._waiter = trio.Event()
+            await waiter.wait()
+        if room is not None:
+            self._bridge._to_loop(_resolve, room)
+        return item
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class ServerStream(Generic[Rep]):
     """The replies of a server-streaming call, as a Trio async iterator."""
 
-    def __init__(self, bridge: GrpcBridge, stream: ClientStream[Any, Rep]) -> None:
-        self._bridge = bridge
-        self._stream = stream
+    def __init__(self, inbox: _Inbox) -> None:
+        self._inbox = inbox
+        self._failed: RpcError | None = None
+        self._ended = False
 
     def __aiter__(self) -> ServerStream[Rep]:
         return self
 
     async def __anext__(self) -> Rep:
-        try:
-            message: Rep | None = await self._bridge._call(self._stream.recv_message)
-        except RpcError as exc:
-            raise _trailers_only_status(self._stream) or exc from exc.__cause__
-        if message is None:
-            # End of stream: only the trailers tell a clean end from a failed call.
-            await self._bridge._call(self._stream.recv_trailing_metadata)
+        if self._ended:
             raise StopAsyncIteration
-        return message
+        if self._failed is not None:
+            # A new exception each time: re-raising one object would chain its tracebacks.
+            raise RpcError(self._failed.status, self._failed.message)
+        item = await self._inbox.get()
+        if item is _END:
+            self._ended = True
+            raise StopAsyncIteration
+        if isinstance(item, RpcError):
+            if not isinstance(item, MessageRejected):
+                self._failed = item  # the call is over
+            raise item
+        return cast(Rep, item)
 
 
-def _trailers_only_status(stream: ClientStream[Any, Any]) -> RpcError | None:
-    """The real status of a trailers-only error response without a content-type header.
+class _Call(Generic[T]):
+    """One asyncio task run for a Trio caller: started, cancelled and reported through hops."""
 
-    grpclib's own server answers an unknown method with grpc-status 12 (UNIMPLEMENTED) but no
-    content-type, and grpclib's client then reports "UNKNOWN: Missing content-type header"
-    before looking at grpc-status. grpc-go includes the header; for grpclib peers the status is
-    read from the received headers here, so UNIMPLEMENTED is recognised from either.
-    """
-    headers = dict(getattr(getattr(stream, "_stream", None), "headers", None) or ())
-    code = headers.get("grpc-status")
-    if code is None or headers.get("content-type") is not None:
-        return None
-    try:
-        status = Status(int(code))
-    except ValueError:
-        return None
-    return RpcError(status.name, headers.get("grpc-message", status.name))
+    __slots__ = ("done", "result", "task")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.task: asyncio.Task[T] | None = None
+        self.result: outcome.Outcome[T] | None = None
 
 
 class GrpcBridge:
-    """Runs grpclib on the trio-asyncio loop it was opened with. Create with `open_grpc_bridge`."""
+    """Runs grpclib on the bridge's asyncio loop (its own thread). Open with `open_grpc_bridge`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery
+    ) -> None:
         self._loop = loop
+        self._token = token
+        self._nursery = nursery
+        _BRIDGES[loop] = self
 
-    async def _call(self, fn: Callable[P, Awaitable[T]], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Await an asyncio coroutine function on the bridge loop, mapping failures to RpcError."""
+    # -- the two hops; a same-thread variant (Trio as a guest of the loop) replaces these
+    def _to_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        self._loop.call_soon_threadsafe(fn, *args)
+
+    def _to_trio(self, fn: Callable[..., object], *args: Any) -> None:
+        self._token.run_sync_soon(fn, *args)
+
+    async def run_asyncio(
+        self, fn: Callable[P, Coroutine[Any, Any, T]], *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        """Await the coroutine function `fn` on the bridge loop, as a task owned by the caller: a
+        Trio cancellation cancels it and waits for it. Every failure is an RpcError."""
+        call: _Call[T] = _Call()
+
+        def finish(task: asyncio.Task[T]) -> None:  # Trio thread
+            if task.cancelled():
+                call.result = outcome.Error(
+                    RpcError("CANCELLED", "call cancelled on the gRPC side")
+                )
+            else:
+                exc = task.exception()
+                call.result = outcome.Value(task.result()) if exc is None else outcome.Error(exc)
+            call.done.set()
+
+        def start() -> None:  # asyncio thread
+            try:
+                task = self._loop.create_task(fn(*args, **kwargs))
+            except BaseException as exc:
+                call.result = outcome.Error(exc)
+                self._to_trio(call.done.set)
+                return
+            call.task = task
+            task.add_done_callback(lambda done: self._to_trio(finish, done))
+
+        self._to_loop(start)
         try:
-            return await trio_asyncio.aio_as_trio(fn, loop=self._loop)(*args, **kwargs)  # type: ignore[no-any-return]
-        except trio.Cancelled:
+            await call.done.wait()
+        except BaseException:
+            # Cancelled (or interrupted): the asyncio side is cancelled and waited for, so it
+            # never outlives the caller; a wedged peer is given up on after _CLOSE_TIMEOUT.
+            self._to_loop(_cancel_call, call)
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                await call.done.wait()
             raise
+        assert call.result is not None
+        try:
+            return call.result.unwrap()
         except RpcError:
             raise
-        except Exception as exc:
-            # grpclib has internal races (e.g. a connection lost while a stream is being
-            # created raises AttributeError); whatever escapes is a failed call to the caller.
-            mapped = _to_rpc_error(exc) or RpcError("INTERNAL", f"gRPC failure: {exc!r}")
-            raise mapped from exc
+        except BaseException as exc:
+            raise _grpc_module().to_rpc_error(exc) from exc
+
+    _call = run_asyncio
 
     @asynccontextmanager
     async def channel(
@@ -323,26 +284,28 @@ class GrpcBridge:
     ) -> AsyncIterator[GrpcChannel]:
         """A channel to the gRPC server on unix socket `path`, closed when the block exits.
         With `check`, every connection is checked before use (a refusal fails the call)."""
+        grpc = _grpc_module()
 
         async def create() -> Channel:
-            # Inside the loop: a Channel made from Trio code would capture no event loop.
-            codec = _LimitedProtoCodec(max_message_bytes)
+            # Inside the loop: grpclib's Channel captures the running loop.
+            codec = grpc.LimitedProtoCodec(max_message_bytes)
             if check is not None:
-                return _CheckedChannel(path=path, codec=codec, check=check)
-            return _LimitedChannel(path=path, codec=codec)
+                return cast("Channel", grpc.CheckedChannel(path=path, codec=codec, check=check))
+            return cast("Channel", grpc.LimitedChannel(path=path, codec=codec))
 
-        raw = await self._call(create)
+        raw = await self.run_asyncio(create)
         try:
             yield GrpcChannel(raw, path)
         finally:
-            raw.close()
+            with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                await self.run_asyncio(_close_channel, raw)
 
     async def connect(self, channel: GrpcChannel, *, within: float) -> None:
         """Dial `channel` now (a no-op when connected); RpcError if it fails or takes longer
         than `within` seconds (a dial timeout apart from the deadline of the calls that follow)."""
         try:
             with trio.fail_after(within):
-                await self._call(channel._channel.__connect__)
+                await self.run_asyncio(channel._channel.__connect__)
         except trio.TooSlowError:
             raise RpcError("DEADLINE_EXCEEDED", f"not connected within {within}s") from None
 
@@ -354,10 +317,13 @@ class GrpcBridge:
         timeout: float,  # noqa: ASYNC109 - sent to the peer as grpc-timeout; a scope cannot be
     ) -> Rep:
         """One unary call. The deadline is sent to the peer (grpc-timeout) and enforced here."""
+
+        async def call() -> Rep:
+            return await method(request, timeout=timeout)
+
         try:
             with trio.fail_after(timeout + _TRIO_DEADLINE_MARGIN):
-                reply: Rep = await self._call(method, request, timeout=timeout)
-                return reply
+                return await self.run_asyncio(call)
         except trio.TooSlowError:
             raise RpcError("DEADLINE_EXCEEDED", f"no reply within {timeout}s") from None
 
@@ -373,63 +339,230 @@ class GrpcBridge:
         """Open a server-streaming call and yield its replies; the call is ended on exit.
 
         `timeout` bounds the whole call (none for a watch); `open_timeout` bounds connecting and
-        sending the request.
+        sending the request. A pump task on the loop reads the replies ahead (a few at most) so
+        a burst crosses to Trio in batches; leaving the block cancels it, which resets the
+        stream (the peer sees CANCEL), and waits for it.
         """
+        grpc = _grpc_module()
+        inbox = _Inbox(self)
+        opened: asyncio.Future[None] | None = None
 
-        async def start() -> ClientStream[Req, Rep]:
+        async def pump() -> None:
             stream = method.open(timeout=timeout)
-            await stream.__aenter__()
             try:
-                await stream.send_message(request, end=True)
-            except BaseException:
-                await stream.__aexit__(*sys.exc_info())
-                raise
-            return stream
+                async with stream:
+                    await stream.send_message(request, end=True)
+                    assert opened is not None
+                    _resolve(opened)
+                    while True:
+                        message: Rep | MessageRejected | None
+                        try:
+                            message = await stream.recv_message()
+                        except MessageRejected as exc:
+                            # One refused message (the stream was reset when it was too large:
+                            # then the next read fails), as the old per-call bridge reported it.
+                            message = exc
+                        if message is None:
+                            # End of stream: only the trailers tell a clean end from a failure.
+                            await stream.recv_trailing_metadata()
+                            inbox.push(_END)
+                            return
+                        room = inbox.push(message)
+                        if room is not None:
+                            await room
+            except Exception as exc:
+                raise grpc.trailers_only_status(stream) or grpc.to_rpc_error(exc) from exc
 
+        async def run() -> None:
+            nonlocal opened
+            opened = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(pump())
+            pumping.append(task)
+            task.add_done_callback(lambda done: _pump_done(done, inbox, grpc))
+            # Open: the request sent (the stream then runs on), or the call failed first.
+            await asyncio.wait([opened, task], return_when=asyncio.FIRST_COMPLETED)
+            if not opened.done():
+                await task  # raises the failure
+
+        pumping: list[asyncio.Task[None]] = []
         try:
-            with trio.fail_after(open_timeout):
-                stream = await self._call(start)
-        except trio.TooSlowError:
-            raise RpcError("DEADLINE_EXCEEDED", f"stream not open within {open_timeout}s") from None
-        exc_info: tuple[Any, Any, Any] = (None, None, None)
-        try:
-            yield ServerStream(self, stream)
-        except BaseException:
-            exc_info = sys.exc_info()
-            raise
+            try:
+                with trio.fail_after(open_timeout):
+                    await self.run_asyncio(run)
+            except trio.TooSlowError:
+                raise RpcError(
+                    "DEADLINE_EXCEEDED", f"stream not open within {open_timeout}s"
+                ) from None
+            yield ServerStream(inbox)
         finally:
-            # A cancelled or failed consumer resets the stream (the peer sees CANCEL). A failing
-            # close means the call already failed; that error is the one to see.
-            with (
-                trio.CancelScope(shield=True),
-                trio.move_on_after(_CLOSE_TIMEOUT),
-                contextlib.suppress(RpcError),
-            ):
-                await self._call(stream.__aexit__, *exc_info)
+            if pumping:
+                with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
+                    await self.run_asyncio(_stop_task, pumping[0])
 
     @asynccontextmanager
     async def serve(self, handlers: Sequence[Any], path: str) -> AsyncIterator[None]:
         """Serve grpclib handler objects on unix socket `path` until the block exits."""
+        grpc = _grpc_module()
 
-        async def start() -> Server:
-            server = Server(list(handlers))
+        async def start() -> Any:
+            server = grpc.Server(list(handlers))
             await server.start(path=path)
             return server
 
-        async def stop(server: Server) -> None:
+        async def stop(server: Any) -> None:
             server.close()
             await server.wait_closed()
 
-        server = await self._call(start)
+        server = await self.run_asyncio(start)
         try:
             yield
         finally:
             with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
-                await self._call(stop, server)
+                await self.run_asyncio(stop, server)
+
+    # -- asyncio code calling Trio (see `run_in_trio`)
+    async def _from_asyncio(self, fn: Callable[..., Any], *args: Any) -> Any:
+        future: asyncio.Future[Any] = self._loop.create_future()
+        scope = trio.CancelScope()
+
+        def deliver(result: outcome.Outcome[Any]) -> None:  # asyncio thread
+            if not future.done():
+                if isinstance(result, outcome.Error):
+                    future.set_exception(result.error)
+                elif isinstance(result, outcome.Value):
+                    future.set_result(result.value)
+
+        async def run_async(awaitable: Awaitable[Any]) -> None:  # a task of the bridge's nursery
+            result: outcome.Outcome[Any] = outcome.Error(asyncio.CancelledError())
+            try:
+                with scope:
+                    try:
+                        result = outcome.Value(await awaitable)
+                    except trio.Cancelled:
+                        raise
+                    except Exception as exc:
+                        result = outcome.Error(exc)
+            finally:
+                self._to_loop(deliver, result)
+
+        def start() -> None:  # Trio thread
+            try:
+                value = fn(*args)
+            except Exception as exc:
+                self._to_loop(deliver, outcome.Error(exc))
+                return
+            if not inspect.isawaitable(value):
+                self._to_loop(deliver, outcome.Value(value))
+                return
+            try:
+                self._nursery.start_soon(run_async, value)
+            except RuntimeError as exc:  # the bridge is closing
+                if inspect.iscoroutine(value):
+                    value.close()
+                self._to_loop(deliver, outcome.Error(exc))
+
+        self._to_trio(start)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._to_trio(scope.cancel)
+            raise
+
+
+_BRIDGES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, GrpcBridge] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+@overload
+async def run_in_trio(fn: Callable[..., Awaitable[T]], *args: Any) -> T: ...
+@overload
+async def run_in_trio(fn: Callable[..., T], *args: Any) -> T: ...
+async def run_in_trio(fn: Callable[..., Any], *args: Any) -> Any:
+    """Awaited by asyncio code on a bridge's loop (a grpclib handler): run `fn(*args)` in Trio and
+    return its result. An async `fn` runs as a task of the bridge's nursery, cancelled when the
+    awaiting asyncio task is; a plain function is called in the Trio thread (touching a Trio
+    object, e.g. ``LatestValue.set``, from the loop's thread would be a cross-thread race)."""
+    bridge = _BRIDGES.get(asyncio.get_running_loop())
+    if bridge is None:
+        raise RuntimeError("run_in_trio: not on a gRPC bridge's loop")
+    return await bridge._from_asyncio(fn, *args)
+
+
+def _cancel_call(call: _Call[Any]) -> None:
+    if call.task is not None:
+        call.task.cancel()
+
+
+async def _stop_task(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    await asyncio.wait([task])
+
+
+async def _close_channel(channel: Channel) -> None:
+    channel.close()
+    # The transport closes its socket from a callback queued by close(): let it run, so the
+    # socket is gone when the Trio owner leaves.
+    await asyncio.sleep(0)
+
+
+def _pump_done(task: asyncio.Task[None], inbox: _Inbox, grpc: Any) -> None:
+    if task.cancelled():
+        inbox.push(RpcError("CANCELLED", "stream cancelled on the gRPC side"))
+        return
+    exc = task.exception()
+    if exc is not None:
+        inbox.push(grpc.to_rpc_error(exc))
+
+
+def _run_loop(loop: asyncio.AbstractEventLoop, stopped: Callable[[], None]) -> None:
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_forever()
+    finally:
+        try:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+            stopped()
+
+
+async def _shutdown_loop() -> None:
+    """Cancel whatever is left on the loop (nothing, when every owner left cleanly), then stop."""
+    current = asyncio.current_task()
+    left = [task for task in asyncio.all_tasks() if task is not current]
+    for task in left:
+        task.cancel()
+    if left:
+        await asyncio.wait(left, timeout=_CLOSE_TIMEOUT)
+    asyncio.get_running_loop().stop()
 
 
 @asynccontextmanager
 async def open_grpc_bridge() -> AsyncIterator[GrpcBridge]:
-    """Open the process's one trio-asyncio loop and the bridge that runs grpclib on it."""
-    async with trio_asyncio.open_loop() as loop:
-        yield GrpcBridge(loop)
+    """Start the process's asyncio loop in its own thread, and the bridge that runs grpclib on
+    it; on exit stop the loop (what is left on it cancelled) and join the thread."""
+    token = trio.lowlevel.current_trio_token()
+    loop = asyncio.new_event_loop()
+    stopped = trio.Event()
+    thread = threading.Thread(
+        target=_run_loop,
+        args=(loop, lambda: token.run_sync_soon(stopped.set)),
+        name="nodeagent-grpc",
+        daemon=True,  # a wedged peer must not keep the process alive
+    )
+    thread.start()
+    try:
+        async with trio.open_nursery() as nursery:
+            bridge = GrpcBridge(loop, token, nursery)
+            try:
+                yield bridge
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            loop.call_soon_threadsafe(lambda: loop.create_task(_shutdown_loop()))
+            with trio.move_on_after(2 * _CLOSE_TIMEOUT):
+                await stopped.wait()
+            if stopped.is_set():
+                thread.join()

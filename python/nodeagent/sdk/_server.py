@@ -9,14 +9,13 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import trio
-import trio_asyncio
 from google.protobuf.message import Message
 from grpclib.server import Stream
 
 from nodeagent.core.latest import LatestValue
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
-from nodeagent.rpc.bridge import GrpcBridge, open_grpc_bridge
+from nodeagent.rpc.bridge import GrpcBridge, open_grpc_bridge, run_in_trio
 
 M = TypeVar("M", bound=Message)
 
@@ -48,7 +47,8 @@ class RegistrationServicer(reg_grpc.RegistrationBase):
     ) -> None:
         status = await stream.recv_message()
         assert status is not None  # grpclib delivers the one request of a unary call
-        self.status.set(status)
+        # A Trio object: set from the Trio thread (this handler runs on the bridge's loop).
+        await run_in_trio(self.status.set, status)
         await stream.send_message(reg.RegistrationStatusResponse())
 
 
@@ -98,7 +98,7 @@ class PluginServer(Generic[M]):
         await stream.recv_message()
         version = 0
         while True:
-            version, message = await trio_asyncio.trio_as_aio(self.latest.wait_newer)(version)
+            version, message = await run_in_trio(self.latest.wait_newer, version)
             assert message is not None  # version > 0 means something was published
             await stream.send_message(message)
 

@@ -1,0 +1,44 @@
+"""The only errors Trio code sees from the bridge (no grpclib or asyncio import: cheap to load)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+
+__all__ = [
+    "ConnectCheck",
+    "MalformedMessage",
+    "MessageRejected",
+    "MessageTooLarge",
+    "RpcError",
+]
+
+
+class RpcError(Exception):
+    """A gRPC call failed. `status` is the gRPC status name, e.g. ``"UNAVAILABLE"``."""
+
+    def __init__(self, status: str, message: str) -> None:
+        self.status = status
+        self.message = message
+        super().__init__(f"{status}: {message}")
+
+
+class MessageRejected(RpcError):
+    """The peer sent a message that was refused before it reached any consumer."""
+
+
+class MessageTooLarge(MessageRejected):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__("RESOURCE_EXHAUSTED", f"message of {size} bytes exceeds limit {limit}")
+        self.size = size
+        self.limit = limit
+
+
+class MalformedMessage(MessageRejected):
+    def __init__(self, detail: str) -> None:
+        super().__init__("INTERNAL", f"malformed protobuf message: {detail}")
+
+
+ConnectCheck = Callable[[socket.socket, str], None]
+"""Called with each newly connected unix socket and its path, before any gRPC is spoken on it;
+raises (an RpcError subclass) to refuse the connection."""
