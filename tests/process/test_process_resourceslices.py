@@ -189,6 +189,7 @@ def test_cluster_publishes_and_a_restart_makes_no_writes(
             "devices": 3,
             "registered": True,
             "last_error": "",
+            "dropped_fields": [],
         }
     ]
     second.signal(signal.SIGTERM)

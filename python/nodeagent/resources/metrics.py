@@ -7,8 +7,9 @@ from prometheus_client import Counter, Gauge, Histogram
 SYNCS = Counter(
     "nodeagent_resourceslice_syncs_total",
     "Pool syncs by result (unchanged: no write needed, written, failed: API error, error: "
-    "unexpected exception, refused: the pool holds slices nodeagent does not manage, deferred: "
-    "waiting for a grace period, the observed state or the Node).",
+    "unexpected exception, refused: the pool holds slices nodeagent does not manage, invalid: "
+    "the API server refuses a slice of the pool, deferred: waiting for a grace period, the "
+    "observed state or the Node).",
     ["result"],
 )
 SYNC_SECONDS = Histogram(
@@ -43,10 +44,16 @@ DEVICES_REJECTED = Counter(
     "name, or one already used by another instance.",
     ["driver"],
 )
-DROPPED_FIELDS = Counter(
-    "nodeagent_resourceslice_dropped_fields_total",
-    "Writes whose stored spec differs from the one sent (fields behind disabled feature gates).",
-    ["driver"],
+FIELDS_DROPPED = Counter(
+    "nodeagent_resourceslice_fields_dropped_total",
+    "Fields of a pool's slices the API server did not store (a feature gate off on the "
+    "cluster), counted once per pool and field; /v1/status names the likely gate.",
+    ["driver", "field"],
+)
+INVALID_POOLS = Gauge(
+    "nodeagent_resourceslice_invalid_pools",
+    "Pools the API server refuses (422 Invalid or 400 BadRequest): not retried until the "
+    "inventory changes or resources.invalid_retry_interval has passed.",
 )
 QUEUE_DEPTH = Gauge(
     "nodeagent_resourceslice_queue_depth",

@@ -32,13 +32,19 @@ from nodeagent.resources.device_fields import (
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 
+# The limits of kube-apiserver v1.37 (`k8s.io/kubernetes/pkg/apis/resource`), the same in 1.35
+# and 1.36.
 MAX_DEVICES_PER_SLICE = 128
-# Taints and counter consumption make devices larger; upstream halves the limit for them.
+# Taints and counter consumption make devices larger; upstream halves the limit for them
+# (`ResourceSliceMaxDevicesWithAdvancedFeatures`).
 MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS = 16
+# Counter sets per slice: a pool may have more, spread over several counter slices.
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
+MAX_COUNTER_CONSUMPTIONS = 2  # consumesCounters entries per device
+# Bytes of UTF-8, as the server counts them (Go's len of a string).
 MAX_ATTRIBUTE_STRING = 64
 
 
@@ -199,6 +205,8 @@ TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 
 
 def _counters(where: str, counters: dict[str, Counter], errors: list[str]) -> None:
+    if not counters:
+        errors.append(f"{where}: counters are required (at least one)")
     if len(counters) > MAX_COUNTERS:
         errors.append(f"{where}: {len(counters)} counters, at most {MAX_COUNTERS} allowed")
     for name, counter in counters.items():
@@ -214,17 +222,27 @@ def _quantity(where: str, value: str, errors: list[str]) -> None:
         errors.append(f"{where}: {exc}")
 
 
+def is_device_qualified_name(name: str) -> bool:
+    """An attribute or capacity name as kube-apiserver checks it: a C identifier (<= 32), or a
+    domain and one: the domain is a CSI driver name, which upstream checks case-insensitively
+    (`GPU.example.com/model` is accepted)."""
+    domain, sep, ident = name.rpartition("/")
+    return is_qualified_name(f"{domain.lower()}{sep}{ident}")
+
+
 def attribute_errors(name: str, attr: DeviceAttribute) -> list[str]:
     """What is wrong with one device attribute on its own (empty when it may be published)."""
     errors: list[str] = []
-    if not is_qualified_name(name):
+    if not is_device_qualified_name(name):
         errors.append("name must be a C identifier (<= 32) or domain/identifier")
     values = [v for v in (attr.int_, attr.bool_, attr.string, attr.version) if v is not None]
     if len(values) != 1:
         errors.append("exactly one of int, bool, string, version must be set")
     for text in (attr.string, attr.version):
-        if text is not None and len(text) > MAX_ATTRIBUTE_STRING:
-            errors.append(f"longer than {MAX_ATTRIBUTE_STRING} characters")
+        if text is not None and len(text.encode()) > MAX_ATTRIBUTE_STRING:
+            errors.append(
+                f"{len(text.encode())} bytes of UTF-8, at most {MAX_ATTRIBUTE_STRING} allowed"
+            )
     if attr.version is not None and not is_semver(attr.version):
         errors.append(f"version {attr.version!r} is not semantic versioning 2.0.0")
     return errors
@@ -233,7 +251,7 @@ def attribute_errors(name: str, attr: DeviceAttribute) -> list[str]:
 def capacity_errors(name: str, cap: DeviceCapacity) -> list[str]:
     """What is wrong with one device capacity on its own (empty when it may be published)."""
     errors: list[str] = []
-    if not is_qualified_name(name):
+    if not is_device_qualified_name(name):
         errors.append("name must be a C identifier (<= 32) or domain/identifier")
     try:
         canonicalize(cap.value)
@@ -254,8 +272,6 @@ def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> 
     for name, attr in d.attributes.items():
         here = f"{at}: attribute {name!r}"
         errors.extend(f"{here}: {e}" for e in attribute_errors(name, attr))
-        if name in d.capacity:
-            errors.append(f"{here}: name is also used by a capacity")
     for name, cap in d.capacity.items():
         errors.extend(f"{at}: capacity {name!r}: {e}" for e in capacity_errors(name, cap))
     if len(d.taints) > MAX_TAINTS:
@@ -270,15 +286,26 @@ def _device(d: Device, counter_sets: dict[str, set[str]], errors: list[str]) -> 
             errors.append(f"{here}: effect {taint.effect!r} must be one of {TAINT_EFFECTS}")
         if taint.time_added is not None and not is_rfc3339(taint.time_added):
             errors.append(f"{here}: timeAdded {taint.time_added!r} must be RFC 3339")
+    if len(d.consumes_counters) > MAX_COUNTER_CONSUMPTIONS:
+        errors.append(
+            f"{at}: consumesCounters has {len(d.consumes_counters)} entries, "
+            f"at most {MAX_COUNTER_CONSUMPTIONS} allowed"
+        )
+    used: set[str] = set()
     for use in d.consumes_counters:
         here = f"{at}: consumesCounters {use.counter_set!r}"
+        if use.counter_set in used:
+            errors.append(f"{here}: the counter set is named twice")
+        used.add(use.counter_set)
+        # Not a server rule (it does not look across slices): a device consuming a counter
+        # nobody publishes could never be allocated, which is a plugin bug to report.
         known = counter_sets.get(use.counter_set)
         if known is None:
             errors.append(f"{here}: no such shared counter set in the pool")
-            continue
-        for name in use.counters:
-            if name not in known:
-                errors.append(f"{here}: counter {name!r} is not in the set")
+        else:
+            for name in use.counters:
+                if name not in known:
+                    errors.append(f"{here}: counter {name!r} is not in the set")
         _counters(here, use.counters, errors)
     errors.extend(f"{at}: {e}" for e in device_field_errors(d))
 
@@ -297,8 +324,6 @@ def validate_inventory(inv: Inventory) -> None:
         if pool.name in pools:
             errors.append(f"{at}: duplicate pool name")
         pools.add(pool.name)
-        if len(pool.shared_counters) > MAX_COUNTER_SETS:
-            errors.append(f"{at}: {len(pool.shared_counters)} counter sets, at most 8 allowed")
         sets: dict[str, set[str]] = {}
         for cs in pool.shared_counters:
             if not is_dns_label(cs.name):
@@ -363,24 +388,45 @@ def split_devices(devices: Iterable[Device]) -> list[list[Device]]:
 
 def desired_slices(driver: str, pool: Pool, node_name: str) -> list[ResourceSliceSpec]:
     """The pool's slice specs, quantities in canonical form; the planner fills in the pool's
-    generation and slice count. Shared counters go with the first slice."""
-    chunks = split_devices(_canonical_device(d) for d in pool.devices)
+    generation, and `resourceSliceCount` counts every slice of the pool.
+
+    Shared counters go into slices of their own (upstream refuses a slice holding both
+    `sharedCounters` and `devices` since DRAPartitionableDevices went beta), at most
+    `MAX_COUNTER_SETS` sets each, ahead of the device slices; a device may consume counters
+    of a set in any slice of its pool. A pool with neither devices nor counters is one empty
+    slice (it still says the pool exists and is empty)."""
     shared = [
         msgspec.structs.replace(cs, counters=_canonical_counters(cs.counters))
         for cs in pool.shared_counters
     ]
-    return [
+    counter_chunks = [
+        shared[i : i + MAX_COUNTER_SETS] for i in range(0, len(shared), MAX_COUNTER_SETS)
+    ]
+    device_chunks = split_devices(_canonical_device(d) for d in pool.devices)
+    if counter_chunks and not device_chunks[0]:
+        device_chunks = []
+    count = len(counter_chunks) + len(device_chunks)
+    out = [
         ResourceSliceSpec(
             driver=driver,
-            pool=ResourcePool(name=pool.name, resource_slice_count=len(chunks)),
+            pool=ResourcePool(name=pool.name, resource_slice_count=count),
+            node_name=node_name,
+            shared_counters=chunk,
+        )
+        for chunk in counter_chunks
+    ]
+    out += [
+        ResourceSliceSpec(
+            driver=driver,
+            pool=ResourcePool(name=pool.name, resource_slice_count=count),
             node_name=node_name,
             devices=chunk,
-            shared_counters=shared if i == 0 else [],
             # Upstream refuses the attribute on a slice without counter-consuming devices.
             partition_type_attribute=pool.partition_type_attribute
             if any(d.consumes_counters for d in chunk)
             else None,
             skip_node_operations=pool.skip_node_operations,
         )
-        for i, chunk in enumerate(chunks)
+        for chunk in device_chunks
     ]
+    return out

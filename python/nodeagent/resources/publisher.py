@@ -40,9 +40,10 @@ from nodeagent.accumulator.model import Query, QueryStatus
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube import NODES, RESOURCESLICES
-from nodeagent.kube.errors import ApiError, Conflict, KubeError, NotFound
+from nodeagent.kube.errors import ApiError, BadRequest, Conflict, Invalid, KubeError, NotFound
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
+from nodeagent.resources.dropped import dropped_fields, likely_gate, present_fields
 from nodeagent.resources.events import NodeEvents
 from nodeagent.resources.inventory import Converted, DriverState, InventoryTracker
 from nodeagent.resources.model import API_VERSION, KIND, Inventory, desired_slices
@@ -274,6 +275,13 @@ class Publisher:
         # retry waits for newer ones.
         self._stale: dict[PoolKey, tuple[dict[str, str], float]] = {}
         self._refused: set[PoolKey] = set()  # failing because of foreign slices
+        # Pools the API server refused (422/400): the desired state refused and until when an
+        # unchanged desired state is not tried again.
+        self._invalid: dict[PoolKey, tuple[_Desired | None, float]] = {}
+        # Per pool, the fields the API server did not store (reported once each) and the
+        # feature gate that likely dropped them.
+        self._dropped: dict[PoolKey, dict[str, str]] = {}
+        self._newly_dropped: dict[PoolKey, list[str]] = {}  # not yet reported
         # The pool being synced and the {name: resourceVersion} its own writes lead to: a
         # snapshot showing exactly that is no reason to sync it again.
         self._syncing: PoolKey | None = None
@@ -347,6 +355,16 @@ class Publisher:
     def refused(self) -> set[PoolKey]:
         """Pools not published because they hold slices nodeagent does not manage."""
         return set(self._refused)
+
+    def invalid(self) -> set[PoolKey]:
+        """Pools the API server refuses (422 Invalid or 400 BadRequest); `failing()` has its
+        message."""
+        return set(self._invalid)
+
+    def dropped(self) -> dict[PoolKey, dict[str, str]]:
+        """Per pool, the fields the API server did not store, each with the feature gate that
+        likely dropped it ("" when none is known)."""
+        return {k: dict(v) for k, v in self._dropped.items() if v}
 
     def pending(self) -> int:
         """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
@@ -481,6 +499,7 @@ class Publisher:
             desired = pools.get(key)
             if desired is None:
                 self._desired.pop(key, None)
+                self._dropped.pop(key, None)
             else:
                 self._desired[key] = desired
             if not self.standalone:
@@ -652,6 +671,10 @@ class Publisher:
                 wait = await self._sync(key)
             except PoolRefused as exc:
                 self._refuse(key, str(exc))
+            except (Invalid, BadRequest) as exc:
+                # The same request gets the same answer: no backoff loop, but a look again
+                # when the inventory changes or after the slow interval.
+                wait = self._refused_by_server(key, exc)
             except KubeError as exc:
                 failed = True
                 self._fail(key, "failed", str(exc))
@@ -679,6 +702,7 @@ class Publisher:
                 metrics.SYNC_SECONDS.observe(time.perf_counter() - t0)
                 metrics.QUEUE_DEPTH.set(len(self._queue))
                 metrics.REFUSED_POOLS.set(len(self._refused))
+                metrics.INVALID_POOLS.set(len(self._invalid))
             if delay is not None:
                 log.info("resourceslice sync requeued", driver=key[0], pool=key[1], delay=delay)
 
@@ -709,8 +733,32 @@ class Publisher:
             log.error("resourceslice pool refused", driver=key[0], pool=key[1], error=error)
         self._failing[key] = error
 
+    def _refused_by_server(self, key: PoolKey, exc: ApiError) -> float:
+        metrics.SYNCS.labels("invalid").inc()
+        self._refused.discard(key)
+        retry = self.settings.invalid_retry_interval
+        self._invalid[key] = (self._desired.get(key), trio.current_time() + retry)
+        error = (
+            f"the API server refuses pool {key[1]} of driver {key[0]} "
+            f"({exc.code} {exc.reason}): {exc.message}"
+        )
+        if self._failing.get(key) != error:
+            if self._events is not None:
+                self._events.warn("ResourceSlicePoolInvalid", error)
+            log.error(
+                "resourceslice pool refused by the API server; tried again when the inventory "
+                "changes or after resources.invalid_retry_interval",
+                driver=key[0],
+                pool=key[1],
+                error=error,
+                retry_in=retry,
+            )
+        self._failing[key] = error
+        return retry
+
     def _recovered(self, key: PoolKey) -> None:
         self._refused.discard(key)
+        self._invalid.pop(key, None)
         if self._failing.pop(key, None) is not None:
             log.info("resourceslice pool recovered", driver=key[0], pool=key[1])
 
@@ -731,13 +779,23 @@ class Publisher:
             # The Node's arrival queues every pool; a readable list is not announced.
             return True, None if self._node_uid is None else UNKNOWN_STATE_RECHECK
         foreign = self._foreign.get(key)
-        if foreign and (key in self._desired or key in self._observed):
+        ours = key in self._desired or key in self._observed
+        if foreign and ours and not self._taken_over(key):
             raise PoolRefused(
                 f"pool {key[1]} of driver {key[0]} on node {self.node_name} also holds "
                 f"ResourceSlices not managed by nodeagent ({', '.join(foreign)}): nodeagent "
                 "does not publish this pool until they are gone"
             )
         return False, None
+
+    def _taken_over(self, key: PoolKey) -> bool:
+        """Whether another publisher took over the pool of a plugin that is not registered (a
+        driver upgraded to one that publishes its own slices, as the kubelet's helper does):
+        the pool is not ours any more, so it is neither refused nor kept for a grace."""
+        if not self._foreign.get(key):
+            return False
+        state = self._tracker.drivers.get(key[0])
+        return state is None or not state.registered
 
     async def _sync(self, key: PoolKey) -> float | None:
         """Plans and writes one pool; returns after how long to look again when it must wait
@@ -763,6 +821,13 @@ class Publisher:
                 self._stale[key] = stale
                 metrics.SYNCS.labels("deferred").inc()
                 return until - now
+        invalid = self._invalid.get(key)
+        if invalid is not None:
+            refused, until = invalid
+            now = trio.current_time()
+            if refused is self._desired.get(key) and now < until:
+                metrics.SYNCS.labels("deferred").inc()
+                return until - now
         state = self._tracker.drivers.get(key[0])
         if state is not None and state.registered and state.inventory is None:
             # Registered, but nothing valid received since the start: what is published is
@@ -770,6 +835,17 @@ class Publisher:
             metrics.SYNCS.labels("deferred").inc()
             return None
         desired = self._desired.get(key)
+        if self._taken_over(key):
+            # What we wrote describes the plugin that left, beside its successor's slices: it
+            # goes now (a grace is for a plugin that may come back, not for a handed-over pool).
+            if self._observed.get(key):
+                log.info(
+                    "resourceslice pool taken over by another publisher; deleting ours",
+                    driver=key[0],
+                    pool=key[1],
+                )
+            await self._plan_and_write(key, None)
+            return None
         if desired is not None and state is not None and not state.registered:
             # A disconnected plugin's inventory stays published for the grace period only.
             deadline = self._deletion_deadline(state)
@@ -818,6 +894,7 @@ class Publisher:
                 assert desired is not None
                 await self._write("create", driver, desired.specs[i], pool, generation, count)
         finally:
+            self._report_dropped(key)
             # Plan the next sync of any pool against our own writes, never a stale snapshot.
             self._refresh_observed()
         metrics.SYNCS.labels("written").inc()
@@ -930,33 +1007,75 @@ class Publisher:
         metrics.WRITES.labels(verb, "ok").inc()
         doc = self._wrote(answer, name)
         if doc is not None:
-            self._check_dropped(driver, spec_bytes, doc)
+            self._check_dropped((driver, pool), spec, spec_bytes, doc)
 
-    def _check_dropped(self, driver: str, spec_bytes: bytes, answer: dict[str, Any]) -> None:
+    def _check_dropped(
+        self, key: PoolKey, sent: dict[str, Any], spec_bytes: bytes, answer: dict[str, Any]
+    ) -> None:
         try:
-            stored = msgspec.json.encode(answer["spec"])
+            stored_spec = answer["spec"]
+            stored = msgspec.json.encode(stored_spec)
         except (KeyError, TypeError):
             return
+        self._note_dropped(key, sent, stored_spec)
         known = self._server_form.get(spec_bytes)
         if _native.slice_spec_equal(stored, spec_bytes):
             if known is None:
                 return
-            log.info("the API server stores every field again (a feature gate on?)", driver=driver)
             del self._server_form[spec_bytes]
         else:
             if known is not None and _native.slice_spec_equal(stored, known):
                 return
-            metrics.DROPPED_FIELDS.labels(driver).inc()
-            log.warning(
-                "the API server did not store every field sent (a feature gate is off?); "
-                "planning against what it stored",
-                driver=driver,
-            )
             self._server_form[spec_bytes] = stored
         for key, d in self._desired.items():
             if spec_bytes in d.specs:
                 self._desired[key] = self._prepare(d.specs)
                 self._desired[key].views = d.views
+
+    def _note_dropped(self, key: PoolKey, sent: dict[str, Any], stored: Any) -> None:
+        """Reports each field of the pool the server did not store once (Event, metric, log),
+        and forgets those a later write shows stored (a gate turned on)."""
+        driver, pool = key
+        if not isinstance(stored, dict):
+            return
+        missing = dropped_fields(sent, stored)
+        known = self._dropped.setdefault(key, {})
+        kept = [f for f in present_fields(sent) if f in known and f not in missing]
+        for field in kept:
+            del known[field]
+            log.info(
+                "the API server stores a field it dropped before (a feature gate turned on)",
+                driver=driver,
+                pool=pool,
+                field=field,
+            )
+        for field in missing:
+            if field not in known:
+                known[field] = likely_gate(field)
+                metrics.FIELDS_DROPPED.labels(driver, field).inc()
+                self._newly_dropped.setdefault(key, []).append(field)
+
+    def _report_dropped(self, key: PoolKey) -> None:
+        """One report for the fields a sync's writes found dropped."""
+        driver, pool = key
+        new = self._newly_dropped.pop(key, [])
+        if not new:
+            return
+        known = self._dropped.get(key, {})
+        what = ", ".join(f"{f} (feature gate {known.get(f) or 'unknown'})" for f in sorted(new))
+        message = (
+            f"the API server did not store {what} of pool {pool} of driver {driver}: the "
+            "gate is off on this cluster; the pool is published without them"
+        )
+        if self._events is not None:
+            self._events.warn("ResourceSliceFieldsDropped", message)
+        log.warning(
+            "the API server did not store every field sent (a feature gate is off?); planning "
+            "against what it stored",
+            driver=driver,
+            pool=pool,
+            fields=sorted(new),
+        )
 
 
 def _result(exc: ApiError) -> str:

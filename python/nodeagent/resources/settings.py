@@ -29,6 +29,10 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # Plugin messages of at least this many bytes (together, per update) are converted and
     # split into slices in a worker thread, so the event loop stays responsive; 0: never.
     thread_threshold: int = 65536
+    # Seconds before a pool the API server refused (422 Invalid, 400 BadRequest: a permanent
+    # answer for the same request) is tried again with an unchanged inventory; a new inventory
+    # is tried at once.
+    invalid_retry_interval: float = 600.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
@@ -36,7 +40,7 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")
-        for name in ("retry_backoff_initial", "retry_backoff_max"):
+        for name in ("retry_backoff_initial", "retry_backoff_max", "invalid_retry_interval"):
             check_seconds(f"resources.{name}", getattr(self, name))
         if self.thread_threshold < 0:
             raise ConfigError("resources.thread_threshold", self.thread_threshold, "must be >= 0")

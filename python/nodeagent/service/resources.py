@@ -96,7 +96,7 @@ class ResourcesComponent:
         if failing:
             (driver, pool), error = sorted(failing.items())[0]
             more = f" (+{len(failing) - 1} more pools)" if len(failing) > 1 else ""
-            if (driver, pool) in pub.refused():
+            if (driver, pool) in pub.refused() or (driver, pool) in pub.invalid():
                 return False, f"{error}{more}"
             return False, f"writing pool {pool} of driver {driver} fails: {error}{more}"
         return True, f"{counts} desired, {pub.pending()} pools pending{problems}"
@@ -122,6 +122,17 @@ class ResourcesComponent:
                     for (d, p), e in sorted((pub.failing() if pub is not None else {}).items())
                 ],
                 "not_ready_reason": acc.not_ready_reason() if acc is not None else "starting",
+                # Fields of the slices the cluster does not store (a feature gate off) and the
+                # gate that likely drops each.
+                "dropped_fields": [
+                    {"driver": d, "pool": p, "field": f, "feature_gate": g}
+                    for (d, p), fields in sorted((pub.dropped() if pub is not None else {}).items())
+                    for f, g in sorted(fields.items())
+                ],
+                "invalid_pools": [
+                    {"driver": d, "pool": p}
+                    for d, p in sorted(pub.invalid() if pub is not None else set())
+                ],
             }
         return doc
 
@@ -129,6 +140,12 @@ class ResourcesComponent:
 def slice_summary(view: Mapping[str, Any]) -> list[dict[str, Any]]:
     """One row per driver and pool of a `ResourcesComponent.view()`, for `nodeagent status`."""
     rows: list[dict[str, Any]] = []
+    sync = view.get("sync") or {}
+    dropped: dict[tuple[str, str], list[str]] = {}
+    for d in sync.get("dropped_fields") or []:
+        gate = f" ({d['feature_gate']})" if d.get("feature_gate") else ""
+        dropped.setdefault((d["driver"], d["pool"]), []).append(f"{d['field']}{gate}")
+    errors = {(f["driver"], f["pool"]): f["error"] for f in sync.get("failing_pools") or []}
     for driver, state in sorted(view.get("drivers", {}).items()):
         for pool, slices in sorted(state["pools"].items()):
             rows.append(
@@ -138,7 +155,9 @@ def slice_summary(view: Mapping[str, Any]) -> list[dict[str, Any]]:
                     "slices": len(slices),
                     "devices": sum(len(s.get("devices") or []) for s in slices),
                     "registered": state["registered"],
-                    "last_error": state["last_error"],
+                    # The inventory's error, else the pool's (a refused or failing write).
+                    "last_error": state["last_error"] or errors.get((driver, pool), ""),
+                    "dropped_fields": dropped.get((driver, pool), []),
                 }
             )
     return rows

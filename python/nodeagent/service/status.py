@@ -137,6 +137,13 @@ def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
                 ],
             ),
         ]
+        # Fields the cluster does not store: the pool is published without them.
+        for p in pools:
+            if p.get("dropped_fields"):
+                out.append(
+                    f"  pool {p.get('pool')} of {p.get('driver')}: the cluster drops "
+                    + ", ".join(p["dropped_fields"])
+                )
     out += _cnr_lines(status.get("cnr"))
     out += _dynconfig_lines(status.get("dynconfig"))
     return "\n".join(out) + "\n"

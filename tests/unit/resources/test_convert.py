@@ -61,8 +61,9 @@ def test_native_inventory_maps_one_to_one_onto_v1() -> None:
     )
     inv = from_native("gpu.example.com", msg)
     validate_inventory(inv)
-    (spec,) = desired_slices(inv.driver, inv.pools[0], "node-a")
+    counters, spec = desired_slices(inv.driver, inv.pools[0], "node-a")
     raw = msgspec.to_builtins(spec)
+    assert "sharedCounters" not in raw
     assert raw["devices"] == [
         {
             "name": "gpu-0",
@@ -85,7 +86,13 @@ def test_native_inventory_maps_one_to_one_onto_v1() -> None:
             ],
         }
     ]
-    assert raw["sharedCounters"] == [{"name": "mem", "counters": {"bytes": {"value": "80Gi"}}}]
+    # The counter set is a slice of its own (upstream: only one of sharedCounters or devices).
+    assert msgspec.to_builtins(counters) == {
+        "driver": "gpu.example.com",
+        "pool": {"name": "node-a", "resourceSliceCount": 2},
+        "nodeName": "node-a",
+        "sharedCounters": [{"name": "mem", "counters": {"bytes": {"value": "80Gi"}}}],
+    }
 
 
 def test_native_attribute_without_value_fails_validation_naming_the_device() -> None:

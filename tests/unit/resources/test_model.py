@@ -26,6 +26,8 @@ from nodeagent.resources.model import (
     validate_inventory,
 )
 
+ONE = {"c": Counter(value="1")}
+
 
 def dev(name: str, **kw: object) -> Device:
     return Device(name=name, **kw)  # type: ignore[arg-type]
@@ -38,6 +40,14 @@ def errors_of(
     with pytest.raises(InvalidInventory) as exc:
         validate_inventory(inv)
     return exc.value.errors
+
+
+def valid(*devices: Device, pools: list[Pool] | None = None) -> bool:
+    inv = Inventory(
+        driver="gpu.example.com", pools=pools or [Pool(name="p", devices=list(devices))]
+    )
+    validate_inventory(inv)
+    return True
 
 
 def test_valid_inventory_passes() -> None:
@@ -83,8 +93,8 @@ def test_valid_inventory_passes() -> None:
             "device 'd': attribute 'bad name': name must be a C identifier",
         ),
         (
-            dev("d", attributes={"Bad.Domain/x": DeviceAttribute(int_=1)}),
-            "attribute 'Bad.Domain/x': name must be a C identifier",
+            dev("d", attributes={"bad_domain.com/x": DeviceAttribute(int_=1)}),
+            "attribute 'bad_domain.com/x': name must be a C identifier",
         ),
         (
             dev("d", attributes={"x": DeviceAttribute()}),
@@ -94,7 +104,19 @@ def test_valid_inventory_passes() -> None:
             dev("d", attributes={"x": DeviceAttribute(int_=1, string="a")}),
             "exactly one of int, bool, string, version",
         ),
-        (dev("d", attributes={"x": DeviceAttribute(string="a" * 65)}), "longer than 64 characters"),
+        (
+            dev("d", attributes={"x": DeviceAttribute(string="a" * 65)}),
+            "65 bytes of UTF-8, at most 64 allowed",
+        ),
+        # The server counts bytes: 40 characters of two bytes each are too long.
+        (
+            dev("d", attributes={"x": DeviceAttribute(string="é" * 40)}),
+            "attribute 'x': 80 bytes of UTF-8, at most 64 allowed",
+        ),
+        (
+            dev("d", attributes={"x": DeviceAttribute(version="1.0.0-" + "a" * 59)}),
+            "65 bytes of UTF-8",
+        ),
         (dev("d", attributes={"x": DeviceAttribute(version="1.2")}), "not semantic versioning"),
         (
             dev("d", capacity={"mem": DeviceCapacity(value="lots")}),
@@ -109,14 +131,6 @@ def test_valid_inventory_passes() -> None:
             "device 'd': 33 attributes and capacities, at most 32 allowed",
         ),
         (
-            dev(
-                "d",
-                attributes={"x": DeviceAttribute(int_=1)},
-                capacity={"x": DeviceCapacity(value="1")},
-            ),
-            "attribute 'x': name is also used by a capacity",
-        ),
-        (
             dev("d", taints=[DeviceTaint(key="k", effect="NoSchedule")] * 17),
             "device 'd': 17 taints, at most 16 allowed",
         ),
@@ -129,10 +143,53 @@ def test_valid_inventory_passes() -> None:
             dev("d", consumes_counters=[DeviceCounterConsumption(counter_set="nope")]),
             "consumesCounters 'nope': no such shared counter set",
         ),
+        (
+            dev(
+                "d",
+                consumes_counters=[
+                    DeviceCounterConsumption(counter_set=f"s{i}", counters=ONE) for i in range(3)
+                ],
+            ),
+            "device 'd': consumesCounters has 3 entries, at most 2 allowed",
+        ),
+        (
+            dev(
+                "d",
+                consumes_counters=[DeviceCounterConsumption(counter_set="s0", counters=ONE)] * 2,
+            ),
+            "consumesCounters 's0': the counter set is named twice",
+        ),
+        (
+            dev("d", consumes_counters=[DeviceCounterConsumption(counter_set="s0")]),
+            "consumesCounters 's0': counters are required",
+        ),
     ],
 )
 def test_invalid_devices_are_named_with_the_rule(device: Device, message: str) -> None:
     assert any(message in e for e in errors_of(device)), errors_of(device)
+
+
+def test_names_and_values_upstream_accepts_pass() -> None:
+    """What kube-apiserver v1.37 accepts is not refused: an attribute and a capacity of the same
+    name, an upper-case attribute domain (checked as a CSI driver name, case-insensitively),
+    64 bytes of multi-byte text, more than 8 counter sets in a pool."""
+    assert valid(
+        dev(
+            "d",
+            attributes={
+                "x": DeviceAttribute(int_=1),
+                "GPU.Example.com/model": DeviceAttribute(string="é" * 32),
+            },
+            capacity={"x": DeviceCapacity(value="1"), "Example.com/mem": DeviceCapacity(value="1")},
+        )
+    )
+    sets = [CounterSet(name=f"s{i}", counters=ONE) for i in range(20)]
+    assert valid(pools=[Pool(name="p", shared_counters=sets)])
+
+
+def test_a_counter_set_needs_counters() -> None:
+    errors = errors_of(pools=[Pool(name="p", shared_counters=[CounterSet(name="s")])])
+    assert errors == ["pool 'p': counter set 's': counters are required (at least one)"]
 
 
 def test_duplicates_and_bad_names() -> None:
@@ -179,19 +236,51 @@ def test_split_64_where_taints_or_counters_are_used() -> None:
     assert [len(s.devices) for s in desired_slices("drv", Pool(name="p"), "n")] == [0]
 
 
+def test_counter_sets_go_into_slices_of_their_own() -> None:
+    """Upstream: "only one of sharedCounters or devices is allowed" in a slice; at most 8 sets
+    in one; resourceSliceCount counts the counter slices too."""
+    sets = [CounterSet(name=f"s{i}", counters=ONE) for i in range(10)]
+    devices = [
+        dev(f"d{i}", consumes_counters=[DeviceCounterConsumption(counter_set="s0", counters=ONE)])
+        for i in range(70)
+    ]
+    slices = desired_slices("drv", Pool(name="p", devices=devices, shared_counters=sets), "n")
+    assert [(len(s.shared_counters), len(s.devices)) for s in slices] == [
+        (8, 0),
+        (2, 0),
+        (0, 64),
+        (0, 6),
+    ]
+    assert {s.pool.resource_slice_count for s in slices} == {4}
+    assert [cs.name for s in slices for cs in s.shared_counters] == [f"s{i}" for i in range(10)]
+    # Counters only: no empty device slice beside them.
+    (only,) = desired_slices("drv", Pool(name="p", shared_counters=sets[:1]), "n")
+    assert msgspec.to_builtins(only) == {
+        "driver": "drv",
+        "pool": {"name": "p", "resourceSliceCount": 1},
+        "nodeName": "n",
+        "sharedCounters": [{"name": "s0", "counters": {"c": {"value": "1"}}}],
+    }
+
+
 def test_desired_specs_carry_canonical_quantities_and_omit_defaults() -> None:
     pool = Pool(
         name="p",
         devices=[dev("d", capacity={"mem": DeviceCapacity(value="1024Mi")})],
         shared_counters=[CounterSet(name="s", counters={"c": Counter(value="1000m")})],
     )
-    (s,) = desired_slices("drv", pool, "node-a")
+    c, s = desired_slices("drv", pool, "node-a")
+    assert msgspec.json.decode(msgspec.json.encode(c)) == {
+        "driver": "drv",
+        "pool": {"name": "p", "resourceSliceCount": 2},
+        "nodeName": "node-a",
+        "sharedCounters": [{"name": "s", "counters": {"c": {"value": "1"}}}],
+    }
     assert msgspec.json.decode(msgspec.json.encode(s)) == {
         "driver": "drv",
-        "pool": {"name": "p", "resourceSliceCount": 1},
+        "pool": {"name": "p", "resourceSliceCount": 2},
         "nodeName": "node-a",
         "devices": [{"name": "d", "capacity": {"mem": {"value": "1Gi"}}}],
-        "sharedCounters": [{"name": "s", "counters": {"c": {"value": "1"}}}],
     }
 
 

@@ -308,12 +308,14 @@ async def test_other_drivers_slices_are_left_alone(autojump_clock: Any) -> None:
 
 async def test_dropped_fields_do_not_cause_an_update_loop(autojump_clock: Any) -> None:
     cluster, plugins = FakeCluster(drop_taints=True), Plugins()
-    before = metrics.DROPPED_FIELDS.labels(DRIVER)._value.get()
-    async with running(cluster, plugins):
+    dropped = metrics.FIELDS_DROPPED.labels(DRIVER, "devices.taints")
+    before = dropped._value.get()
+    async with running(cluster, plugins) as pub:
         plugins.send(inventory(3, taints=True))
         await trio.sleep(10)
         assert [c[0] for c in cluster.writes()] == ["create"]
-        assert metrics.DROPPED_FIELDS.labels(DRIVER)._value.get() == before + 1
+        assert dropped._value.get() == before + 1
+        assert pub.dropped() == {(DRIVER, "node-a"): {"devices.taints": "DRADeviceTaints"}}
 
 
 async def test_a_pool_removed_from_the_inventory_is_deleted(autojump_clock: Any) -> None:

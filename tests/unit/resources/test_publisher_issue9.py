@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from nodeagent.accumulator.model import QueryState, QueryStatus
-from nodeagent.kube.errors import Invalid
+from nodeagent.kube.errors import InternalError
 from nodeagent.resources import metrics
 from tests.unit.resources.fake_cluster import FakeCluster
 from tests.unit.resources.test_publisher import (
@@ -38,14 +38,15 @@ def value(counter: Any) -> float:
 
 async def test_a_partly_failed_sync_backs_off_instead_of_storming(autojump_clock: Any) -> None:
     """The pool grows from one slice to two: the update of the first slice (a new generation)
-    succeeds, every create is rejected. The update must not re-queue the pool at once."""
+    succeeds, every create fails (a transient 500). The update must not re-queue the pool at
+    once."""
     cluster, plugins = FakeCluster(), Plugins()
     async with running(cluster, plugins, min_sync_interval=0.1) as pub:
         plugins.send(inventory(100))
         await settle()
         assert len(cluster.writes()) == 1
         cluster.reject = lambda verb, obj: (
-            Invalid(422, "Invalid", "rejected") if verb == "create" else None
+            InternalError(500, "InternalError", "rejected") if verb == "create" else None
         )
         plugins.send(inventory(200))
         await trio.sleep(60)
@@ -55,7 +56,7 @@ async def test_a_partly_failed_sync_backs_off_instead_of_storming(autojump_clock
         assert len(writes) <= 30, len(writes)
         (obj,) = slices(cluster)
         assert obj["spec"]["pool"]["generation"] <= 16
-        assert pub.failing() == {POOL: "422 Invalid: rejected"}
+        assert pub.failing() == {POOL: "500 InternalError: rejected"}
         cluster.reject = lambda verb, obj: None
         await trio.sleep(60)
         assert pub.failing() == {}

@@ -54,6 +54,8 @@ async def test_each_run_observes_writes_only_while_it_runs(
             "blocked": None,
             "failing_pools": [],
             "not_ready_reason": "starting",
+            "dropped_fields": [],
+            "invalid_pools": [],
         }
         for _ in range(2):  # a restarted component builds a new accumulator
             async with trio.open_nursery() as nursery:
@@ -73,7 +75,19 @@ def test_slice_summary_counts_slices_and_devices() -> None:
                 "last_error": "",
                 "pools": {"p": [{"devices": [{}, {}]}, {"devices": [{}]}], "q": [{}]},
             },
-        }
+        },
+        "sync": {
+            "dropped_fields": [
+                {
+                    "driver": "a.example.com",
+                    "pool": "p",
+                    "field": "devices.taints",
+                    "feature_gate": "DRADeviceTaints",
+                },
+                {"driver": "a.example.com", "pool": "p", "field": "x", "feature_gate": ""},
+            ],
+            "failing_pools": [{"driver": "a.example.com", "pool": "q", "error": "refused: 422"}],
+        },
     }
     assert slice_summary(view) == [
         {
@@ -83,6 +97,7 @@ def test_slice_summary_counts_slices_and_devices() -> None:
             "devices": 3,
             "registered": True,
             "last_error": "",
+            "dropped_fields": ["devices.taints (DRADeviceTaints)", "x"],
         },
         {
             "driver": "a.example.com",
@@ -90,7 +105,8 @@ def test_slice_summary_counts_slices_and_devices() -> None:
             "slices": 1,
             "devices": 0,
             "registered": True,
-            "last_error": "",
+            "last_error": "refused: 422",
+            "dropped_fields": [],
         },
     ]
 

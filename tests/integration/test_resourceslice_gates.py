@@ -1,0 +1,358 @@
+"""The partitioned-GPU pool of issue 19 (one counter set, four partitions consuming it, one of
+them tainted) against real kube-apiservers: with the DRA feature gates on, every field survives
+the write and the pool makes no write while unchanged; with 1.35's default gates the server
+drops the fields, the pool is still published without churn, and the operator is told once per
+pool and field (Event, metric, /v1/status). A slice the server refuses (422) is reported and
+not retried in a loop.
+
+The servers are 1.35 (the harness's oldest release) started by this module: one with the gates
+of every field the agent writes turned on, one with the release's defaults."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator, Iterator
+from contextlib import suppress
+from typing import Any
+
+import msgspec
+import pytest
+import trio
+import trio.testing
+
+from nodeagent.kube import CORE_EVENTS, NODES, RESOURCESLICES, KubeClient, errors
+from nodeagent.kube.metrics import WATCH_EVENTS
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from nodeagent.resources import metrics, model
+from tests.integration.conftest import client_for
+from tests.integration.test_resourceslices import (
+    DRIVER,
+    NODE,
+    Plugins,
+    node_slices,
+    publisher,
+    quiet,
+    until,
+)
+from tests.support.apiserver import ApiServer, start_apiserver
+
+pytestmark = pytest.mark.integration
+
+# What the agent can write and 1.35 gates: taints, counters, consumable capacity, binding
+# conditions (which need DRAResourceClaimDeviceStatus too).
+DRA_GATES = (
+    "DRADeviceTaints=true,DRAPartitionableDevices=true,DRAConsumableCapacity=true,"
+    "DRADeviceBindingConditions=true,DRAResourceClaimDeviceStatus=true"
+)
+
+
+def _start(workdir: Any, gates: bool) -> ApiServer:
+    kwargs: dict[str, Any] = {}
+    if "release" in inspect.signature(start_apiserver).parameters:
+        kwargs["release"] = "1.35"  # the release whose defaults drop these fields
+    extra = [f"--feature-gates={DRA_GATES}"] if gates else []
+    return start_apiserver(workdir, extra_args=extra, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def gates_on(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    srv = _start(tmp_path_factory.mktemp("gates-on"), True)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+@pytest.fixture(scope="module")
+def gates_off(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    srv = _start(tmp_path_factory.mktemp("gates-off"), False)
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+async def _admin(apiserver: ApiServer) -> AsyncIterator[KubeClient]:
+    async with client_for(apiserver, "admin") as client:
+        with suppress(errors.AlreadyExists):
+            await client.create(
+                NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}
+            )
+        await client.delete_collection(RESOURCESLICES, field_selector=f"spec.nodeName={NODE}")
+        yield client
+        await client.delete_collection(RESOURCESLICES, field_selector=f"spec.nodeName={NODE}")
+
+
+@pytest.fixture
+async def admin_on(gates_on: ApiServer) -> AsyncIterator[KubeClient]:
+    async for client in _admin(gates_on):
+        yield client
+
+
+@pytest.fixture
+async def admin_off(gates_off: ApiServer) -> AsyncIterator[KubeClient]:
+    async for client in _admin(gates_off):
+        yield client
+
+
+def partitioned_gpu() -> device_pb2.Inventory:
+    """One GPU's counter set and four partitions consuming it, the last one tainted."""
+    partitions = []
+    for i in range(4):
+        partitions.append(
+            device_pb2.Device(
+                name=f"gpu-0-part-{i}",
+                attributes={"profile": device_pb2.DeviceAttribute(string="1g.10gb")},
+                capacity={"memory": device_pb2.DeviceCapacity(value="10Gi")},
+                consumes_counters=[
+                    device_pb2.DeviceCounterConsumption(
+                        counter_set="gpu-0",
+                        counters={
+                            "memory": device_pb2.Counter(value="10Gi"),
+                            "slices": device_pb2.Counter(value="1"),
+                        },
+                    )
+                ],
+                taints=[device_pb2.DeviceTaint(key="example.com/unhealthy", effect="NoSchedule")]
+                if i == 3
+                else [],
+            )
+        )
+    return device_pb2.Inventory(
+        pools=[
+            device_pb2.Pool(
+                name=NODE,
+                devices=partitions,
+                shared_counters=[
+                    device_pb2.CounterSet(
+                        name="gpu-0",
+                        counters={
+                            "memory": device_pb2.Counter(value="40Gi"),
+                            "slices": device_pb2.Counter(value="4"),
+                        },
+                    )
+                ],
+            )
+        ]
+    )
+
+
+def _events() -> float:
+    return float(WATCH_EVENTS.labels("resourceslices")._value.get())
+
+
+async def _settled(pub: Any, admin: KubeClient, count: int) -> list[dict[str, Any]]:
+    """Until the pool's `count` slices are stored, their watch echoes seen and planned
+    against; returns them."""
+
+    async def stored() -> list[dict[str, Any]] | None:
+        items = await node_slices(admin)
+        return items if len(items) == count else None
+
+    watched = _events()
+    items: list[dict[str, Any]] = await until(stored, f"{count} slices")
+    await quiet(pub)
+
+    async def echoed() -> bool:
+        return _events() >= watched + count
+
+    await until(echoed, "the watch echoes of the writes")
+    await trio.testing.wait_all_tasks_blocked(0.05)
+    await quiet(pub)
+    return items
+
+
+def _versions(items: list[dict[str, Any]]) -> dict[str, str]:
+    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
+
+
+async def _node_events(admin: KubeClient, reason: str) -> list[dict[str, Any]]:
+    body = await admin.request(
+        "GET",
+        CORE_EVENTS.path("default"),
+        params={"fieldSelector": f"involvedObject.name={NODE},reason={reason}"},
+    )
+    items: list[dict[str, Any]] = msgspec.json.decode(body)["items"]
+    return items
+
+
+async def test_partitioned_pool_publishes_with_the_gates_on_and_rests(
+    gates_on: ApiServer, admin_on: KubeClient
+) -> None:
+    plugins = Plugins()
+    plugins.send(partitioned_gpu())
+    async with publisher(gates_on, plugins) as pub:
+        items = await _settled(pub, admin_on, 2)
+        assert pub.writes == 2
+        assert pub.failing() == {} and pub.dropped() == {}
+        counters = [o for o in items if o["spec"].get("sharedCounters")]
+        devices = [o for o in items if o["spec"].get("devices")]
+        assert len(counters) == 1 and len(devices) == 1
+        # Every field survived the write.
+        assert counters[0]["spec"]["sharedCounters"] == [
+            {
+                "name": "gpu-0",
+                "counters": {"memory": {"value": "40Gi"}, "slices": {"value": "4"}},
+            }
+        ]
+        assert "devices" not in counters[0]["spec"]
+        stored = devices[0]["spec"]["devices"]
+        assert [d["consumesCounters"][0]["counterSet"] for d in stored] == ["gpu-0"] * 4
+        assert [bool(d.get("taints")) for d in stored] == [False, False, False, True]
+        # resourceSliceCount counts the counter slice.
+        assert {o["spec"]["pool"]["resourceSliceCount"] for o in items} == {2}
+        assert {o["spec"]["pool"]["generation"] for o in items} == {1}
+        before = _versions(items)
+        # Unchanged: the same inventory again makes no write either.
+        plugins.send(partitioned_gpu())
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        await quiet(pub)
+        assert pub.writes == 2
+
+    # A restart with the same inventory makes no write at all.
+    async with publisher(gates_on, plugins, startup_grace=1.0) as pub2:
+        started = trio.current_time()
+        await quiet(pub2)
+        await trio.sleep_until(started + 1.0)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        await quiet(pub2)
+        assert pub2.writes == 0
+    assert _versions(await node_slices(admin_on)) == before
+
+
+async def test_a_changed_counter_set_is_one_update(
+    gates_on: ApiServer, admin_on: KubeClient
+) -> None:
+    """The planner matches the counter-only slice to its desired spec: a new counter value is
+    one in-place update of that slice, no new generation."""
+    plugins = Plugins()
+    plugins.send(partitioned_gpu())
+    async with publisher(gates_on, plugins) as pub:
+        items = await _settled(pub, admin_on, 2)
+        names = sorted(_versions(items))
+        bigger = partitioned_gpu()
+        bigger.pools[0].shared_counters[0].counters["memory"].value = "80Gi"
+        plugins.send(bigger)
+
+        async def updated() -> list[dict[str, Any]] | None:
+            got = await node_slices(admin_on)
+            values = [
+                o["spec"]["sharedCounters"][0]["counters"]["memory"]["value"]
+                for o in got
+                if o["spec"].get("sharedCounters")
+            ]
+            return got if values == ["80Gi"] else None
+
+        got = await until(updated, "the counter set updated")
+        await quiet(pub)
+        assert pub.writes == 3
+        assert sorted(_versions(got)) == names
+        assert {o["spec"]["pool"]["generation"] for o in got} == {1}
+
+
+async def test_default_gates_drop_fields_and_say_so_once(
+    gates_off: ApiServer, admin_off: KubeClient
+) -> None:
+    """1.35's defaults drop taints, sharedCounters and consumesCounters (201, fields gone).
+    The pool is published with what the server keeps, without churn, and each field is
+    reported once: an Event, the metric, the status."""
+    dropped = {
+        "devices.consumesCounters": "DRAPartitionableDevices",
+        "devices.taints": "DRADeviceTaints",
+        "sharedCounters": "DRAPartitionableDevices",
+    }
+    counted = {f: metrics.FIELDS_DROPPED.labels(DRIVER, f)._value.get() for f in dropped}
+    plugins = Plugins()
+    plugins.send(partitioned_gpu())
+    async with publisher(gates_off, plugins) as pub:
+        items = await _settled(pub, admin_off, 2)
+        assert pub.writes == 2
+        assert pub.dropped() == {(DRIVER, NODE): dropped}
+        for f in dropped:
+            assert metrics.FIELDS_DROPPED.labels(DRIVER, f)._value.get() == counted[f] + 1
+        # What the server kept: an empty slice where the counters were, the devices bare.
+        assert sorted(bool(o["spec"].get("devices")) for o in items) == [False, True]
+        for o in items:
+            assert "sharedCounters" not in o["spec"]
+            for d in o["spec"].get("devices", []):
+                assert "taints" not in d and "consumesCounters" not in d
+
+        async def warned() -> list[dict[str, Any]]:
+            return await _node_events(admin_off, "ResourceSliceFieldsDropped")
+
+        (event,) = await until(warned, "the Event")
+        for f, gate in dropped.items():
+            assert f"{f} (feature gate {gate})" in event["message"]
+        before = _versions(items)
+        # A device added: the pool is rewritten, the same fields dropped again: no new report.
+        more = partitioned_gpu()
+        more.pools[0].devices.append(device_pb2.Device(name="gpu-1"))
+        plugins.send(more)
+
+        async def grown() -> bool:
+            got = await node_slices(admin_off)
+            return sum(len(o["spec"].get("devices", [])) for o in got) == 5
+
+        await until(grown, "the new device")
+        await quiet(pub)
+        assert _versions(await node_slices(admin_off)) != before
+        for f in dropped:
+            assert metrics.FIELDS_DROPPED.labels(DRIVER, f)._value.get() == counted[f] + 1
+        await trio.sleep(0.5)  # the Event sender is a background task: let a second one show
+        assert len(await warned()) == 1
+        writes = pub.writes
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        await quiet(pub)
+        assert pub.writes == writes
+
+
+async def test_gates_on_report_nothing_dropped(gates_on: ApiServer, admin_on: KubeClient) -> None:
+    plugins = Plugins()
+    plugins.send(partitioned_gpu())
+    async with publisher(gates_on, plugins) as pub:
+        await _settled(pub, admin_on, 2)
+        assert pub.dropped() == {}
+        assert await _node_events(admin_on, "ResourceSliceFieldsDropped") == []
+
+
+async def test_a_slice_the_server_refuses_is_reported_and_not_retried_in_a_loop(
+    gates_on: ApiServer, admin_on: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rule the agent does not know (simulated: its string limit lifted) lets a slice through
+    that the server refuses with 422: the pool is reported with the server's message, tried
+    once, then again only when the inventory changes (or after the slow interval)."""
+    monkeypatch.setattr(model, "MAX_ATTRIBUTE_STRING", 1000)
+    bad = partitioned_gpu()
+    bad.pools[0].devices[0].attributes["profile"].string = "é" * 40  # 80 bytes
+    plugins = Plugins()
+    plugins.send(bad)
+    async with publisher(gates_on, plugins, invalid_retry_interval=3600.0) as pub:
+
+        async def refused() -> bool:
+            return (DRIVER, NODE) in pub.invalid()
+
+        await until(refused, "the pool refused")
+        (error,) = pub.failing().values()
+        assert "422 Invalid" in error and "64 bytes" in error
+        refusals = metrics.WRITES.labels("create", "error")._value.get()
+        # The pool waits for a new inventory (or the hour): no write in the meantime, where
+        # the backoff of a transient failure would have retried a dozen times.
+        await trio.sleep(1.0)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert metrics.WRITES.labels("create", "error")._value.get() == refusals
+        assert pub.pending() == 1
+
+        async def warned() -> list[dict[str, Any]]:
+            return await _node_events(admin_on, "ResourceSlicePoolInvalid")
+
+        (event,) = await until(warned, "the Event")
+        assert "64 bytes" in event["message"]
+        # A new inventory is tried at once, and publishes.
+        plugins.send(partitioned_gpu())
+
+        async def published() -> bool:
+            return len(await node_slices(admin_on)) == 2
+
+        await until(published, "the valid pool")
+        await quiet(pub)
+        assert pub.invalid() == set() and pub.failing() == {}

@@ -1,0 +1,70 @@
+"""What the publisher tells the operator when the API server refuses a pool (422 Invalid, not
+retried like a transient failure) or drops fields of its slices (a feature gate off)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import trio
+
+from nodeagent.kube.errors import Invalid
+from nodeagent.resources import metrics
+from tests.unit.resources.fake_cluster import FakeCluster
+from tests.unit.resources.test_publisher import DRIVER, Plugins, inventory, running, settle
+
+POOL = (DRIVER, "node-a")
+
+
+async def test_a_refused_pool_waits_for_a_new_inventory_or_the_slow_timer(
+    autojump_clock: Any,
+) -> None:
+    cluster, plugins = FakeCluster(), Plugins()
+    cluster.reject = lambda verb, obj: Invalid(422, "Invalid", "spec.devices: Too long")
+    async with running(cluster, plugins, invalid_retry_interval=300.0) as pub:
+        plugins.send(inventory(3))
+        await settle()
+        assert len(cluster.writes()) == 1
+        assert pub.invalid() == {POOL}
+        assert pub.failing()[POOL] == (
+            f"the API server refuses pool node-a of driver {DRIVER} (422 Invalid): "
+            "spec.devices: Too long"
+        )
+        # A transient failure would back off from 5 ms; a refusal is not retried in a loop.
+        await trio.sleep(299)
+        assert len(cluster.writes()) == 1
+        await trio.sleep(2)
+        assert len(cluster.writes()) == 2  # the slow timer
+        # Reported once, whatever the number of attempts.
+        assert [e["reason"] for e in cluster.events] == ["ResourceSlicePoolInvalid"]
+        # A new inventory is tried at once, and the pool recovers.
+        cluster.reject = lambda verb, obj: None
+        plugins.send(inventory(4))
+        await settle()
+        assert len(cluster.writes()) == 3
+        assert pub.invalid() == set() and pub.failing() == {}
+
+
+async def test_dropped_fields_are_reported_once_per_pool_and_field(autojump_clock: Any) -> None:
+    cluster, plugins = FakeCluster(drop_taints=True), Plugins()
+    counter = metrics.FIELDS_DROPPED.labels(DRIVER, "devices.taints")
+    before = counter._value.get()
+    async with running(cluster, plugins) as pub:
+        plugins.send(inventory(3, taints=True, pools=("a", "b")))
+        await settle()
+        assert pub.dropped() == {
+            (DRIVER, p): {"devices.taints": "DRADeviceTaints"} for p in ("a", "b")
+        }
+        assert counter._value.get() == before + 2
+        # Rewritten pools drop the same field: nothing new to say.
+        plugins.send(inventory(3, taints=True, memory="1Gi", pools=("a", "b")))
+        await settle()
+        assert len(cluster.writes()) == 4
+        assert counter._value.get() == before + 2
+        reasons = [e["reason"] for e in cluster.events]
+        assert reasons == ["ResourceSliceFieldsDropped"] * 2
+        assert "devices.taints (feature gate DRADeviceTaints)" in cluster.events[0]["message"]
+        # The gate turned on: the next write keeps the taints, the report is withdrawn.
+        cluster.drop_taints = False
+        plugins.send(inventory(3, taints=True, memory="2Gi", pools=("a",)))
+        await settle()
+        assert pub.dropped() == {}
