@@ -51,15 +51,17 @@ class OperationExecutor:
     """Runs the reconciler's register and unregister operations (the kubelet's operation
     executor and generator, with its per-socket goroutine map and exponential backoff).
 
-    Owns which sockets have an operation under way (`busy`: at most one per socket) and each
-    socket's registration backoff. `start_register` runs the kubelet's register steps as a task:
+    Owns which sockets have an operation under way (`busy`: at most one per socket).
+    `start_register` runs the kubelet's register steps as a task:
     check the socket (inside the registry, served by an allowed UID), GetInfo, find the handler
     by type, check the endpoint (allowed directory, allowed UID), `validate`, add to the actual
     state BEFORE `register` (so a delete meanwhile becomes a deregistration), `register`, and
     NotifyRegistrationStatus either way. A failure is recorded on the socket's `PluginRecord`
     and delays the next attempt (backoff from `registration_backoff_initial` up to
-    `registration_backoff_max`); unlike the kubelet, a failed Register step is retried too. A
-    security rejection is not retried until the socket is recreated (`rejected_generation`).
+    `registration_backoff_max`); unlike the kubelet, a failed Register step is retried too, and
+    the backoff belongs to the socket's generation, not its path: a plugin replaced by a new
+    socket at the same path starts afresh. A security rejection is not retried until the
+    socket is recreated (`rejected_generation`).
     `start_unregister` removes the plugin from the actual state, then calls the handler's
     `deregister` (whose failure is only logged). Each operation ends by calling `kick`, so the
     reconciler looks again.
@@ -85,32 +87,23 @@ class OperationExecutor:
         self._kick = kick
         self._endpoint_dirs = settings.resolved_endpoint_dirs()
         self._busy: set[str] = set()
-        # Per failing socket: its backoff and when it may be registered again.
-        self._backoff: dict[str, Backoff] = {}
-        self._retry_at: dict[str, float] = {}
+        # The kubelet's per-operation exponential backoff, without jitter; the failures it
+        # counts are each generation's own (`PluginRecord.registration_failures`).
+        self._backoff = Backoff(
+            settings.registration_backoff_initial, settings.registration_backoff_max
+        )
 
     def busy(self, socket: str) -> bool:
         """Whether an operation on `socket` is under way."""
         return socket in self._busy
 
-    def retry_at(self, socket: str) -> float | None:
-        """When `socket` may be registered again after a failure (None: no backoff)."""
-        return self._retry_at.get(socket)
-
-    def forget(self, socket: str) -> None:
-        """Drop the backoff of a socket that is gone (or registered)."""
-        self._backoff.pop(socket, None)
-        self._retry_at.pop(socket, None)
-
     def reset(self) -> None:
         """Forget every operation and registration count (the manager restarts: the tasks that
-        ran them died with the previous run)."""
+        ran them died with the previous run; the backoffs go with the records)."""
         for record in self._caches.records.values():
             if record.registered_type:
                 metrics.REGISTERED.labels(type=record.registered_type).dec()
         self._busy = set()
-        self._backoff = {}
-        self._retry_at = {}
 
     def start_register(self, nursery: trio.Nursery, wanted: DesiredPlugin) -> None:
         self._busy.add(wanted.socket)
@@ -124,14 +117,7 @@ class OperationExecutor:
 
     async def _register(self, wanted: DesiredPlugin) -> None:
         socket = wanted.socket
-        record = self._caches.records.get(socket)
-        if record is None or record.generation != wanted.generation:
-            # The endpoint stays excluded from the scan while the socket re-registers.
-            endpoint_real = record.endpoint_real if record is not None else ""
-            record = self._caches.records[socket] = PluginRecord(
-                socket, wanted.generation, endpoint_real=endpoint_real
-            )
-        record.state = PluginState.REGISTERING
+        record = self._caches.registration_started(wanted)
         try:
             try:
                 await self._register_steps(wanted, record)
@@ -142,33 +128,24 @@ class OperationExecutor:
                 log.exception("plugin registration crashed", socket=socket)
                 raise _Failed("register", f"internal error: {exc!r}") from exc
         except _Failed as exc:
-            self._register_failed(wanted, record, exc)
+            self._register_failed(record, exc)
         finally:
             self._busy.discard(socket)
             self._kick()
 
-    def _register_failed(self, wanted: DesiredPlugin, record: PluginRecord, exc: _Failed) -> None:
-        rejected = isinstance(exc, _Rejected)
-        record.state = PluginState.REJECTED if rejected else PluginState.FAILED
-        record.last_error = str(exc)
+    def _register_failed(self, record: PluginRecord, exc: _Failed) -> None:
         # Only known types become label values: a plugin must not mint metric series.
         plugin_type = record.plugin_type if record.plugin_type in self._handlers else "unknown"
-        metrics.REGISTRATIONS.labels(type=plugin_type, outcome=record.state.value).inc()
         metrics.ERRORS.labels(kind=exc.kind).inc()
-        if rejected:
-            record.rejected_generation = wanted.generation
+        if isinstance(exc, _Rejected):
+            self._caches.registration_rejected(record, str(exc))
+            metrics.REGISTRATIONS.labels(type=plugin_type, outcome=record.state.value).inc()
             log.error("plugin rejected", socket=record.socket, name=record.name, reason=str(exc))
             return
-        # The kubelet's per-operation exponential backoff: no jitter.
-        backoff = self._backoff.setdefault(
-            record.socket,
-            Backoff(
-                self._settings.registration_backoff_initial,
-                self._settings.registration_backoff_max,
-            ),
+        delay = self._caches.registration_failed(
+            record, str(exc), trio.current_time(), self._backoff
         )
-        delay = backoff.next()
-        self._retry_at[record.socket] = trio.current_time() + delay
+        metrics.REGISTRATIONS.labels(type=plugin_type, outcome=record.state.value).inc()
         log.warning(
             "plugin registration failed",
             socket=record.socket,
@@ -251,10 +228,7 @@ class OperationExecutor:
             await self._notify(channel, record, True, "")
 
     def _registered(self, record: PluginRecord) -> None:
-        self.forget(record.socket)
-        record.state = PluginState.REGISTERED
-        record.last_error = ""
-        record.probe_failures = 0
+        self._caches.registration_succeeded(record)
         record.registered_type = record.plugin_type
         metrics.REGISTRATIONS.labels(type=record.plugin_type, outcome="success").inc()
         metrics.REGISTERED.labels(type=record.plugin_type).inc()

@@ -11,7 +11,7 @@ from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.settings import PluginSettings
-from nodeagent.plugins.state import ActualPlugin, Caches, PluginState, SocketIdentity
+from nodeagent.plugins.state import ActualPlugin, Caches, ProbeVerdict, SocketIdentity
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.rpc.bridge import GrpcBridge, RpcError
@@ -33,6 +33,9 @@ class ConnectionMonitor:
     not a dead plugin). After `probe_failures` consecutive failures a plugin is removed from the
     desired state, so the reconciler deregisters it in the ordinary way (consumers apply their
     own graces); a dropped socket that answers again gets a new generation and registers afresh.
+    A probe may last its two timeouts (30 s by default): its result is applied only to the
+    registration it probed (`Caches.probe_result`), never to a plugin that replaced it at the
+    same path meanwhile (a container restarted during the probe).
     """
 
     def __init__(
@@ -85,28 +88,36 @@ class ConnectionMonitor:
             )
 
     async def _probe_registered(self, registered: ActualPlugin) -> None:
-        record = self._caches.records.get(registered.socket)
-        if record is None:
-            return
+        error: RpcError | None = None
         try:
             await self._probe(registered.socket)
         except RpcError as exc:
-            record.probe_failures += 1
-            metrics.ERRORS.labels(kind="probe").inc()
-            log.warning(
-                "plugin probe failed",
-                socket=registered.socket,
-                name=registered.name,
-                failures=record.probe_failures,
-                error=str(exc),
-            )
-            if record.probe_failures >= self._settings.probe_failures:
-                record.state = PluginState.FAILED
-                record.last_error = f"deregistered after {record.probe_failures} failed probes"
-                self._caches.desired.remove(registered.socket)
-                self._kick()
-        else:
-            record.probe_failures = 0
+            error = exc
+        # Read only now: the socket may have been recreated and registered again meanwhile.
+        limit = self._settings.probe_failures
+        verdict = self._caches.probe_result(registered, error is None, limit)
+        if verdict is ProbeVerdict.STALE:
+            if error is not None:
+                log.info(
+                    "probe of a replaced registration failed; ignored",
+                    socket=registered.socket,
+                    name=registered.name,
+                    error=str(error),
+                )
+            return
+        if error is None:
+            return
+        metrics.ERRORS.labels(kind="probe").inc()
+        record = self._caches.records[registered.socket]
+        log.warning(
+            "plugin probe failed",
+            socket=registered.socket,
+            name=registered.name,
+            failures=record.probe_failures,
+            error=str(error),
+        )
+        if verdict is ProbeVerdict.DROPPED:
+            self._kick()
 
     async def _probe_dropped(self, socket: str, identity: SocketIdentity) -> None:
         """A socket dropped for failing probes comes back once it answers again."""

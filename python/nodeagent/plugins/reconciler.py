@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 import trio
 
 from nodeagent.plugins.executor import OperationExecutor
-from nodeagent.plugins.state import Caches, SocketIdentity, plan
+from nodeagent.plugins.state import Caches, SocketIdentity, operations
 
 __all__ = ["Reconciler"]
 
@@ -15,14 +15,14 @@ __all__ = ["Reconciler"]
 class Reconciler:
     """Starts register/unregister operations until the actual state matches the desired one.
 
-    Owns only its wake-up event. Each pass (`reconcile`) asks `state.plan` for the difference:
+    Owns only its wake-up event. Each pass (`reconcile`) asks `state.operations` what to start:
     it unregisters first (a socket recreated at the same path is unregistered, then registered
     again), and registers a desired socket only when no operation on it is under way, it has no
-    actual entry left to unregister, a rule did not reject this generation of it, and its backoff
-    has expired. It also forgets the record of a socket that is gone and settled. The loop runs
-    a pass, then sleeps until `wake()` (the watcher, an operation or the monitor changed
-    something) or until the earliest backoff expires, at most `scan_interval` (the kubelet
-    reconciles every second, whatever happened).
+    actual entry left to unregister, a rule did not reject this generation of it, and this
+    generation's backoff has expired. It also forgets the record of a socket that is gone and
+    settled. The loop runs a pass, then sleeps until `wake()` (the watcher, an operation or the
+    monitor changed something) or until the earliest backoff expires, at most `scan_interval`
+    (the kubelet reconciles every second, whatever happened).
     """
 
     def __init__(
@@ -56,27 +56,14 @@ class Reconciler:
 
     def reconcile(self, nursery: trio.Nursery) -> float:
         """Start the operations the plan asks for; return when a backed-off one is due."""
-        now = trio.current_time()
-        next_due = float("inf")
         executor = self._executor
-        work = plan(self._caches.desired, self._caches.actual)
+        work = operations(self._caches, executor.busy, trio.current_time())
         for registered in work.unregister:
-            if not executor.busy(registered.socket):
-                executor.start_unregister(nursery, registered)
+            executor.start_unregister(nursery, registered)
         for wanted in work.register:
-            socket = wanted.socket
-            if executor.busy(socket) or self._caches.actual.get(socket) is not None:
-                continue  # its unregister must finish first
-            record = self._caches.records.get(socket)
-            if record is not None and record.rejected_generation == wanted.generation:
-                continue
-            retry_at = executor.retry_at(socket)
-            if retry_at is not None and retry_at > now:
-                next_due = min(next_due, retry_at)
-                continue
             executor.start_register(nursery, wanted)
         self._prune()
-        return next_due
+        return work.next_due
 
     def _prune(self) -> None:
         seen = self._seen()
@@ -85,6 +72,5 @@ class Reconciler:
             gone = socket not in seen and self._caches.desired.get(socket) is None
             settled = not self._executor.busy(socket) and self._caches.actual.get(socket) is None
             if gone and settled:
-                del records[socket]
-                self._executor.forget(socket)
+                del records[socket]  # its backoff with it
                 self._changed()

@@ -104,14 +104,7 @@ class RegistryWatcher:
         changed = not self.scanned or bool(self.scan_error)  # readiness changed
         self.scanned = True
         self.scan_error = ""
-        desired = self._caches.desired
-        for path, identity in found.items():
-            if self._seen.get(path) != identity:
-                desired.add_or_update(path, identity)
-                changed = True
-        for path in self._seen.keys() - found.keys():
-            desired.remove(path)
-            changed = True
+        changed = self._caches.desired.follow_scan(self._seen, found) or changed
         self._seen = found
         if changed:
             self._kick()

@@ -54,18 +54,36 @@ def identity(n: int) -> SocketIdentity:
 
 @dataclass
 class FakeRegistration:
-    """A plugin's Registration service: GetInfo answers `info` (or raises `error`)."""
+    """A plugin's Registration service: GetInfo answers `info` (or raises `error`).
+
+    GetInfo call number `hold_from` (1-based) and later ones wait for `release` (a probe in
+    flight while the test changes the world); `held` is set when the first of them waits.
+    `calls` announces every call, so a test can wait for the n-th."""
 
     info: reg.PluginInfo
     error: RpcError | None = None
     notified: list[reg.RegistrationStatus] = field(default_factory=list)
     get_info_calls: int = 0
+    hold_from: int = 0
+    release: trio.Event = field(default_factory=trio.Event)
+    held: trio.Event = field(default_factory=trio.Event)
+    calls: LatestValue[int] = field(default_factory=lambda: LatestValue(0))
 
     async def GetInfo(self, request: reg.InfoRequest) -> reg.PluginInfo:
         self.get_info_calls += 1
+        self.calls.set(self.get_info_calls)
+        if self.hold_from and self.get_info_calls >= self.hold_from:
+            self.held.set()
+            await self.release.wait()
         if self.error is not None:
             raise self.error
         return self.info
+
+    async def wait_calls(self, count: int) -> None:
+        """Until GetInfo has been called `count` times in all (registrations and probes)."""
+        with trio.fail_after(600):  # virtual seconds under the autojump clock
+            while self.calls.value < count:
+                await self.calls.wait_newer(self.calls.version)
 
     async def NotifyRegistrationStatus(
         self, request: reg.RegistrationStatus

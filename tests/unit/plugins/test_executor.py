@@ -78,7 +78,7 @@ async def test_a_plugin_is_registered_and_told_so(rig: Rig) -> None:
     assert actual is not None and actual.generation == rig.wanted.generation
     assert [p.name for p in rig.handler.registered] == ["p"]
     assert rig.last_notified().plugin_registered
-    assert not rig.executor.busy(rig.socket) and rig.executor.retry_at(rig.socket) is None
+    assert not rig.executor.busy(rig.socket) and rig.caches.retry_at(rig.wanted) is None
     assert rig.kicks.kicks == 1
 
 
@@ -87,7 +87,7 @@ async def test_an_unknown_type_fails_is_told_and_backs_off(rig: Rig) -> None:
     await rig.register()
     assert rig.state() is PluginState.FAILED
     assert "no handler registered for plugin type: 'Other'" in rig.last_notified().error
-    retry = rig.executor.retry_at(rig.socket)
+    retry = rig.caches.retry_at(rig.wanted)
     assert retry is not None and retry == pytest.approx(trio.current_time() + 0.5, abs=0.1)
 
 
@@ -96,15 +96,15 @@ async def test_backoff_doubles_with_each_failure_and_success_clears_it(
 ) -> None:
     rig.plugin.error = RpcError("UNAVAILABLE", "down")
     await rig.register()
-    first = rig.executor.retry_at(rig.socket)
+    first = rig.caches.retry_at(rig.wanted)
     await rig.register()
-    second = rig.executor.retry_at(rig.socket)
+    second = rig.caches.retry_at(rig.wanted)
     assert first is not None and second is not None
     assert second - trio.current_time() == pytest.approx(1.0)
     assert rig.caches.records[rig.socket].last_error.startswith("GetInfo failed")
     rig.plugin.error = None
     await rig.register()
-    assert rig.state() is PluginState.REGISTERED and rig.executor.retry_at(rig.socket) is None
+    assert rig.state() is PluginState.REGISTERED and rig.caches.retry_at(rig.wanted) is None
 
 
 async def test_a_validation_failure_is_told_and_not_in_the_actual_state(rig: Rig) -> None:
@@ -133,7 +133,7 @@ async def test_a_disallowed_peer_is_rejected_for_this_generation_without_backoff
     assert record.state is PluginState.REJECTED
     assert record.rejected_generation == rig.wanted.generation
     assert "not an allowed plugin UID" in rig.last_notified().error
-    assert rig.executor.retry_at(rig.socket) is None
+    assert rig.caches.retry_at(rig.wanted) is None
     assert rig.plugin.get_info_calls == 0
 
 
@@ -141,7 +141,7 @@ async def test_a_missing_socket_fails_and_is_retried(registry: Path) -> None:
     rig = Rig(registry)  # no socket file at rig.socket
     await rig.register()
     assert rig.state() is PluginState.FAILED
-    assert rig.executor.retry_at(rig.socket) is not None
+    assert rig.caches.retry_at(rig.wanted) is not None
 
 
 async def test_an_endpoint_outside_the_allowed_dirs_is_rejected(rig: Rig) -> None:
@@ -182,6 +182,8 @@ async def test_a_new_generation_starts_a_fresh_record_keeping_the_endpoint(rig: 
     await rig.register()
     rig.caches.records[rig.socket].endpoint_real = "/somewhere/dra.sock"
     renewed = rig.caches.desired.force_new_generation(rig.socket, identity(2))
+    assert rig.caches.retry_at(rig.wanted) is not None
+    assert rig.caches.retry_at(renewed) is None  # the backoff was the old generation's
     await rig.register(renewed)
     record = rig.caches.records[rig.socket]
     assert record.generation == renewed.generation
@@ -192,4 +194,6 @@ async def test_reset_forgets_operations_and_backoff(rig: Rig) -> None:
     rig.plugin.error = RpcError("UNAVAILABLE", "down")
     await rig.register()
     rig.executor.reset()
-    assert rig.executor.retry_at(rig.socket) is None
+    rig.caches.clear()  # as the manager's reset does: the backoff goes with the records
+    assert not rig.executor.busy(rig.socket)
+    assert rig.caches.retry_at(rig.wanted) is None

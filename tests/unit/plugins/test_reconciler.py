@@ -27,17 +27,9 @@ class FakeExecutor:
         self.registers: list[DesiredPlugin] = []
         self.unregisters: list[ActualPlugin] = []
         self.busy_sockets: set[str] = set()
-        self.retry: dict[str, float] = {}
-        self.forgotten: list[str] = []
 
     def busy(self, socket: str) -> bool:
         return socket in self.busy_sockets
-
-    def retry_at(self, socket: str) -> float | None:
-        return self.retry.get(socket)
-
-    def forget(self, socket: str) -> None:
-        self.forgotten.append(socket)
 
     def start_register(self, nursery: trio.Nursery, wanted: DesiredPlugin) -> None:
         self.busy_sockets.add(wanted.socket)
@@ -112,15 +104,25 @@ async def test_a_backed_off_socket_waits_and_its_due_time_is_returned(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     rig = Rig()
-    rig.want("/r/a.sock", 1)
+    wanted = rig.want("/r/a.sock", 1)
     due = trio.current_time() + 3.0
-    rig.executor.retry["/r/a.sock"] = due
+    record(rig.caches, "/r/a.sock", wanted.generation, retry_at=due)
     async with trio.open_nursery() as nursery:
         assert rig.reconciler.reconcile(nursery) == due
         assert rig.executor.registers == []
         await trio.sleep(3.0)
         rig.reconciler.reconcile(nursery)
     assert len(rig.executor.registers) == 1
+
+
+async def test_the_backoff_of_an_old_generation_does_not_hold_a_recreated_socket() -> None:
+    rig = Rig()
+    old = rig.want("/r/a.sock", 1)
+    record(rig.caches, "/r/a.sock", old.generation, retry_at=trio.current_time() + 120.0)
+    renewed = rig.want("/r/a.sock", 2)
+    async with trio.open_nursery() as nursery:
+        assert rig.reconciler.reconcile(nursery) == float("inf")
+    assert rig.executor.registers == [renewed]
 
 
 async def test_the_record_of_a_socket_gone_and_settled_is_forgotten() -> None:
@@ -131,7 +133,6 @@ async def test_the_record_of_a_socket_gone_and_settled_is_forgotten() -> None:
     async with trio.open_nursery() as nursery:
         rig.reconciler.reconcile(nursery)
     assert list(rig.caches.records) == ["/r/busy.sock"]
-    assert rig.executor.forgotten == ["/r/gone.sock"]
     assert rig.kicks.changes == 1
 
 
