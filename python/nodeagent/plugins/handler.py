@@ -119,6 +119,10 @@ class _Entry:
     plugin: PluginEndpoint  # the serving registration, or the last one that served
     # Live registrations of the name, oldest first; the last one serves.
     registrations: list[PluginEndpoint] = field(default_factory=list)
+    # Bumped whenever a registration starts serving. A plugin recreated at the same path
+    # registers with the same fields (a PluginEndpoint equal by value), so what was asked of
+    # the serving plugin (a reporter poll) is matched to its answer by this, not by value.
+    serial: int = 0
     stream: _Stream | None = None
     messages: int = 0
     rejected: int = 0
@@ -306,10 +310,12 @@ class StreamingHandler(ABC, Generic[M]):
     async def _serve(self, entry: _Entry, plugin: PluginEndpoint) -> None:
         """Make `plugin` the one serving its name: the previous stream goes, the data stays
         (until the new stream sends its own)."""
+        # Before the first await: nothing started from here on is taken for the previous one's.
+        entry.plugin = plugin
+        entry.serial += 1
         if entry.stream is not None:
             await self._stop(entry.stream)
             entry.stream = None
-        entry.plugin = plugin
         if self.streams(plugin):
             if self._nursery is None:
                 raise RuntimeError(f"{self.plugin_type} handler is not running")

@@ -52,6 +52,11 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
     same validation and into the same channel as a stream message, a failure keeps the last
     report. A plugin whose stream ended (or is unimplemented) is polled at once. It counts as
     live (`PluginData.live`) while its stream may deliver or its last poll answered.
+
+    A poll belongs to the registration it polled (`_Entry.serial`): a plugin recreated at the
+    same path registers with the same fields, and an answer the old process gives afterwards
+    is neither the new registration's liveness nor its report. A new registration is polled at
+    once even while a poll of the one it replaced still hangs.
     """
 
     plugin_type = REPORTER_PLUGIN_TYPE
@@ -60,8 +65,9 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
         self, bridge: GrpcBridge, settings: PluginSettings, *, uid_check: UidCheck | None = None
     ) -> None:
         super().__init__(bridge, settings, uid_check=uid_check)
-        self._poll_ok: dict[str, bool] = {}  # by name: the serving plugin's last poll answered
-        self._polling: set[str] = set()  # names with a poll in flight
+        # By name: (the registration's serial, whether its last poll answered).
+        self._poll_ok: dict[str, tuple[int, bool]] = {}
+        self._polling: set[tuple[str, int]] = set()  # registrations with a poll in flight
         self.polls = 0  # polls answered with a valid report, ever
 
     def validate_versions(self, plugin: PluginEndpoint) -> None:
@@ -84,7 +90,7 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
         stream = entry.stream
         if stream is not None and stream.state in _STREAM_DELIVERS:
             return True
-        return self._poll_ok.get(entry.plugin.name, False)
+        return self._poll_ok.get(entry.plugin.name) == (entry.serial, True)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -92,10 +98,9 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
             nursery.start_soon(self._poll_loop)
             task_status.started()
 
-    async def register(self, plugin: PluginEndpoint) -> None:
-        # A new registration earns its liveness afresh (its stream, or its own polls).
-        self._poll_ok.pop(plugin.name, None)
-        await super().register(plugin)
+    def _forget(self, name: str) -> None:
+        super()._forget(name)
+        self._poll_ok.pop(name, None)
 
     def _set_state(self, stream: _Stream, state: str) -> None:
         super()._set_state(stream, state)
@@ -123,33 +128,35 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
             if nursery is None:
                 continue
             for name, entry in list(self._entries.items()):
-                if entry.registered and name not in self._polling:
+                if entry.registered and (name, entry.serial) not in self._polling:
                     nursery.start_soon(self._poll, name)
 
     async def _poll(self, name: str) -> None:
         """One GetReportContent call to the plugin serving `name`; never raises (but Cancelled)."""
         entry = self._entries.get(name)
-        if entry is None or not entry.registered or name in self._polling:
+        if entry is None or not entry.registered:
             return
-        plugin = entry.plugin
-        self._polling.add(name)
+        plugin, serial = entry.plugin, entry.serial
+        if (name, serial) in self._polling:
+            return
+        self._polling.add((name, serial))
         try:
             message = await self._call(plugin)
         except MessageRejected as exc:  # oversized or malformed: counted like a stream's
-            if self._still_serving(entry, plugin):
+            if self._still_serving(entry, serial):
                 self._reject(entry, name, exc, _rejection_kind(exc))
-            self._poll_failed(entry, plugin, exc)
+            self._poll_failed(entry, serial, exc)
             return
         except RpcError as exc:
-            self._poll_failed(entry, plugin, exc)
+            self._poll_failed(entry, serial, exc)
             return
         except Exception as exc:  # a bug must not take the handler down: this poll fails
             log.exception("reporter poll crashed", plugin=name)
-            self._poll_failed(entry, plugin, exc)
+            self._poll_failed(entry, serial, exc)
             return
         finally:
-            self._polling.discard(name)
-        if not self._still_serving(entry, plugin):
+            self._polling.discard((name, serial))
+        if not self._still_serving(entry, serial):
             return
         try:
             self.validate_message(message)
@@ -157,7 +164,7 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
             self._reject(entry, name, exc, "message_invalid")
             return
         self.polls += 1
-        self._poll_ok[name] = True
+        self._poll_ok[name] = (serial, True)
         if message == entry.last_message:
             # The usual answer of a plugin that also streams: nothing new to hand on.
             self._republish(entry)
@@ -177,26 +184,23 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
                 stub.GetReportContent, api_pb2.Empty(), timeout=settings.report_poll_timeout
             )
 
-    def _still_serving(self, entry: _Entry, plugin: PluginEndpoint) -> bool:
-        """The polled registration still serves its name (no re-registration meanwhile)."""
-        return (
-            self._entries.get(plugin.name) is entry and entry.registered and entry.plugin == plugin
-        )
+    def _still_serving(self, entry: _Entry, serial: int) -> bool:
+        """The polled registration still serves its name (no re-registration meanwhile, even
+        one equal by value: the same plugin recreated at the same path)."""
+        name = entry.plugin.name
+        return self._entries.get(name) is entry and entry.registered and entry.serial == serial
 
-    def _poll_failed(self, entry: _Entry, plugin: PluginEndpoint, exc: Exception) -> None:
-        if not self._still_serving(entry, plugin):
+    def _poll_failed(self, entry: _Entry, serial: int, exc: Exception) -> None:
+        if not self._still_serving(entry, serial):
             return
+        name = entry.plugin.name
         metrics.ERRORS.labels(kind="report_poll").inc()
-        was_ok = self._poll_ok.get(plugin.name)
-        self._poll_ok[plugin.name] = False
+        was = self._poll_ok.get(name)
+        self._poll_ok[name] = (serial, False)
         # Logged when the outcome changes, not every interval (a stream-only plugin never
         # answers the poll).
-        if was_ok is not False:
-            log.info(
-                "reporter poll failed; keeping the last report",
-                plugin=plugin.name,
-                error=str(exc),
-            )
+        if was != (serial, False):
+            log.info("reporter poll failed; keeping the last report", plugin=name, error=str(exc))
         self._republish(entry)
 
     def _accept(self, entry: _Entry, message: api_pb2.GetReportContentResponse) -> None:
