@@ -14,3 +14,9 @@ WRITE_FAILURES = Counter(
     "Checkpoint writes that failed (the previous checkpoint is kept), by name.",
     ["name"],
 )
+FOREIGN = Counter(
+    "nodeagent_checkpoint_foreign_total",
+    "Checkpoints refused on read because another node wrote them (a state directory reused "
+    "under another node name), by name.",
+    ["name"],
+)

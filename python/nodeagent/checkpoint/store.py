@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from nodeagent.checkpoint import metrics
-from nodeagent.checkpoint.format import CorruptCheckpoint, decode, encode
+from nodeagent.checkpoint.format import CorruptCheckpoint, decode_with_node, encode
 from nodeagent.core.errors import ConfigError
 from nodeagent.log import get_logger
 
@@ -28,19 +28,21 @@ _NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 # Reserved so that a file moved aside can never be taken for (or replaced by) a checkpoint.
 _CORRUPT_MARK = ".corrupt-"
 # mkstemp's names: "." + name + "." + 8 random characters + ".tmp".
-_TEMP = re.compile(r"\..+\.[a-z0-9_]{8}\.tmp")
+_TEMP_SUFFIX = r"[a-z0-9_]{8}\.tmp"
 
 
 class CheckpointState(enum.Enum):
     FOUND = "found"
     NOT_FOUND = "not_found"
     CORRUPT = "corrupt"
+    # Written by another node (the file is left alone: this node's next write replaces it).
+    FOREIGN = "foreign"
 
 
 @dataclass(frozen=True, slots=True)
 class CheckpointRead:
-    """The outcome of `CheckpointStore.read`: `data` only when FOUND; `moved_to` and `reason`
-    only when CORRUPT (`moved_to` is None if the file could not be moved aside)."""
+    """The outcome of `CheckpointStore.read`: `data` only when FOUND; `reason` when CORRUPT or
+    FOREIGN; `moved_to` only when CORRUPT (None if the file could not be moved aside)."""
 
     state: CheckpointState
     data: bytes | None = None
@@ -68,17 +70,28 @@ class CheckpointStore:
 
     Synchronous and thread-safe (callers in Trio use `trio.to_thread.run_sync`); one lock
     serialises the operations, so a corrupt file is never moved aside while a write replaces it.
-    One process owns the directory: leftover temporary files of a killed writer are removed by
-    the first operation of a store.
+    Several stores may share the directory, each with its own names: the leftover temporary
+    files of a killed writer are removed by a store's first operation on that name (never those
+    of another name: another store's write in progress).
+
+    With `node`, checkpoints record the node that writes them and one written by another node
+    reads as FOREIGN (logged, counted): a state directory reused under another node name (a
+    renamed node, a cloned disk image) hands nothing of the other node's state to this one.
     """
 
-    def __init__(self, directory: Path, *, keep_corrupt: int = 3) -> None:
+    def __init__(self, directory: Path, *, keep_corrupt: int = 3, node: str | None = None) -> None:
         if keep_corrupt < 1:
             raise ConfigError("keep_corrupt", keep_corrupt, "must be >= 1")
+        if node is not None:
+            try:
+                encode(b"", node)
+            except ValueError as exc:
+                raise ConfigError("checkpoint node", node, str(exc)) from None
         self.directory = directory
+        self.node = node
         self._keep_corrupt = keep_corrupt
         self._lock = threading.Lock()
-        self._swept = False
+        self._swept: set[str] = set()
 
     def path(self, name: str) -> Path:
         check_name(name)
@@ -94,9 +107,9 @@ class CheckpointStore:
         path = self.path(name)
         with self._lock:
             try:
-                self._sweep_once()
+                self._sweep_once(name)
                 self._ensure_directory()
-                _write_atomically(path, encode(data))
+                _write_atomically(path, encode(data, self.node))
             except OSError as exc:
                 metrics.WRITE_FAILURES.labels(name).inc()
                 log.warning("checkpoint write failed", name=name, path=str(path), error=str(exc))
@@ -115,15 +128,28 @@ class CheckpointStore:
         Raises OSError for I/O errors other than a missing file (the content was not judged)."""
         path = self.path(name)
         with self._lock:
-            self._sweep_once()
+            self._sweep_once(name)
             try:
                 blob = path.read_bytes()
             except FileNotFoundError:
                 return CheckpointRead(CheckpointState.NOT_FOUND)
             try:
-                return CheckpointRead(CheckpointState.FOUND, data=decode(blob))
+                data, node = decode_with_node(blob)
             except CorruptCheckpoint as exc:
                 return self._quarantine(name, path, exc.reason)
+            if self.node is not None and node is not None and node != self.node:
+                reason = f"written by node {node}, this is node {self.node}"
+                metrics.FOREIGN.labels(name).inc()
+                log.error(
+                    "checkpoint of another node: not used (a state directory reused under "
+                    "another node name?); this node's next write replaces it",
+                    name=name,
+                    path=str(path),
+                    written_by=node,
+                    node=self.node,
+                )
+                return CheckpointRead(CheckpointState.FOREIGN, reason=reason)
+            return CheckpointRead(CheckpointState.FOUND, data=data)
 
     def _quarantine(self, name: str, path: Path, reason: str) -> CheckpointRead:
         metrics.CORRUPT.labels(name).inc()
@@ -174,19 +200,22 @@ class CheckpointStore:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
 
-    def _sweep_once(self) -> None:
-        if self._swept:
+    def _sweep_once(self, name: str) -> None:
+        if name in self._swept:
             return
+        # Only this name's: another store's write in progress in the shared directory is not a
+        # leftover (its rename would fail and the checkpoint silently stay old).
+        pattern = re.compile(re.escape(f".{name}.") + _TEMP_SUFFIX)
         try:
             entries = list(self.directory.iterdir())
         except FileNotFoundError:
             entries = []
         for entry in entries:
-            if _TEMP.fullmatch(entry.name) is not None:
+            if pattern.fullmatch(entry.name) is not None:
                 with contextlib.suppress(FileNotFoundError):
                     entry.unlink()
                     log.info("removed a leftover checkpoint temp file", path=str(entry))
-        self._swept = True
+        self._swept.add(name)
 
 
 def _write_atomically(path: Path, content: bytes) -> None:

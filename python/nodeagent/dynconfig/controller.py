@@ -477,6 +477,8 @@ class Controller(Generic[C]):
         read = self.store.read(CHECKPOINT_NAME)
         if read.state is CheckpointState.NOT_FOUND:
             return "no checkpoint"
+        if read.state is CheckpointState.FOREIGN:
+            return f"checkpoint of another node refused ({read.reason})"
         if read.state is CheckpointState.CORRUPT or read.data is None:
             return f"checkpoint corrupt ({read.reason})"
         try:

@@ -119,7 +119,9 @@ class Agent:
         if self.builder is not None:
             self.controller = Controller(
                 config.dynconfig,
-                CheckpointStore(Path(config.agent.state_dir) / "checkpoints"),
+                CheckpointStore(
+                    Path(config.agent.state_dir) / "checkpoints", node=config.agent.node_name
+                ),
                 self.builder,
                 config_hash,
                 on_event=self.dynconfig_events,

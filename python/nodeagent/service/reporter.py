@@ -59,7 +59,9 @@ class ReporterComponent:
         settings = self._live.value
         self._accumulator_settings = accumulator_settings
         self._checkpoints = (
-            CheckpointStore(Path(state_dir) / "checkpoints") if state_dir is not None else None
+            CheckpointStore(Path(state_dir) / "checkpoints", node=node_name)
+            if state_dir is not None
+            else None
         )
         self._client = client
         if in_tree is None:

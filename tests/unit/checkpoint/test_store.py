@@ -259,7 +259,9 @@ def test_a_katalyst_checkpoint_reads_as_corrupt_is_moved_aside_and_we_start_fres
         (b"nodeagent-checkpoint 1 sha256=", "no complete header line (truncated)"),
         (b"PK\x03\x04", "not a nodeagent checkpoint (unknown header)"),
         (b"nodeagent-checkpoint 1 sha256=00 length=0\n", "malformed header line"),
-        (encode(b"x").replace(b" 1 ", b" 2 ", 1), "unsupported format version 2"),
+        (encode(b"x").replace(b" 1 ", b" 3 ", 1), "unsupported format version 3"),
+        (encode(b"x").replace(b" 1 ", b" 2 ", 1), "format version 2 without a node"),
+        (encode(b"x", "node-a").replace(b" 2 ", b" 1 ", 1), "format version 1 with a node"),
         (encode(b"xy")[:-1], "payload is 1 bytes, the header says 2"),
     ],
 )
