@@ -14,6 +14,7 @@ from nodeagent.plugins import metrics
 from nodeagent.plugins.handler import (
     InvalidMessage,
     PluginEndpoint,
+    PluginValidationError,
     StreamingHandler,
     _Entry,
     _rejection_kind,
@@ -23,6 +24,7 @@ from nodeagent.plugins.security import UidCheck
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.versions import require_any_version
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
+from nodeagent.reporter.system import SYSTEM_REPORTER_NAME as RESERVED_NAME
 from nodeagent.rpc.bridge import (
     GrpcBridge,
     GrpcChannel,
@@ -72,6 +74,15 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
 
     def validate_versions(self, plugin: PluginEndpoint) -> None:
         require_any_version(plugin.versions, SUPPORTED_VERSIONS)
+
+    def validate(self, plugin: PluginEndpoint) -> None:
+        super().validate(plugin)
+        if plugin.name == RESERVED_NAME:
+            # One report-store and checkpoint entry per name: it would replace the in-tree one.
+            raise PluginValidationError(
+                f"plugin name {RESERVED_NAME!r} is reserved for the agent's in-tree system "
+                "reporter: register under another name"
+            )
 
     def open_stream(
         self, channel: GrpcChannel, plugin: PluginEndpoint
