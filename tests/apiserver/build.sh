@@ -1,16 +1,50 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver+etcd test harness into a cache directory keyed by
-# the hash of its sources, and prints the binary's path on the last line of
-# stdout. A second run with unchanged sources prints the path without building.
+# Builds the kube-apiserver+etcd test harness of one Kubernetes release into a
+# cache directory keyed by the release and the hash of its sources, and prints
+# the binary's path on the last line of stdout. A second run with unchanged
+# sources prints the path without building.
+#
+#   bash tests/apiserver/build.sh [RELEASE]     # RELEASE: 1.37, 1.36, 1.35, ...
+#   bash tests/apiserver/build.sh --list        # the releases, newest first
+#
+# RELEASE defaults to $NODEAGENT_KUBE_RELEASE, then to the newest release under
+# releases/. Every release shares the Go sources (*.go) and has its own
+# releases/<release>/go.mod and go.sum (written by releases/pin.sh), used with
+# `go build -modfile`, so all releases share one GOCACHE and GOMODCACHE.
 #
 # Needs only Go and the Go module proxy. Uses the default GOCACHE/GOMODCACHE so
-# Go's own caches are shared across clones.
+# Go's own caches are shared across clones and releases.
 #   NODEAGENT_HARNESS_CACHE  overrides the cache root
 #                            (default ${XDG_CACHE_HOME:-$HOME/.cache}/nodeagent)
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
+
+releases() { (cd releases && ls -d [0-9]*.*/ | tr -d / | sort -V -r); }
+
+if [[ "${1:-}" == "--list" ]]; then
+  releases
+  exit 0
+fi
+
+release="${1:-${NODEAGENT_KUBE_RELEASE:-}}"
+release="${release#v}"
+if [[ -z "$release" ]]; then
+  release="$(releases | head -n 1)"
+fi
+# "1.37.2" selects 1.37 but must match the pinned patch version.
+want_patch=""
+if [[ "$release" =~ ^([0-9]+\.[0-9]+)\.([0-9]+)$ ]]; then
+  release="${BASH_REMATCH[1]}"
+  want_patch="v${BASH_REMATCH[0]}"
+fi
+modfile="releases/$release/go.mod"
+sumfile="releases/$release/go.sum"
+if [[ ! -f "$modfile" ]]; then
+  echo "build.sh: unknown Kubernetes release '$release' (known: $(releases | tr '\n' ' '))" >&2
+  exit 2
+fi
 
 GO="${GO:-}"
 if [[ -z "$GO" ]]; then
@@ -24,18 +58,22 @@ if [[ -z "$GO" ]]; then
   fi
 fi
 
-# The Kubernetes version comes from go.mod; stamped into /version.
-kube_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' go.mod)"
+# The Kubernetes version comes from the release's go.mod; stamped into /version.
+kube_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$modfile")"
 if [[ -z "$kube_version" ]]; then
-  echo "build.sh: cannot find k8s.io/kubernetes version in go.mod" >&2
+  echo "build.sh: cannot find k8s.io/kubernetes version in $modfile" >&2
   exit 1
+fi
+if [[ -n "$want_patch" && "$want_patch" != "$kube_version" ]]; then
+  echo "build.sh: release $release is pinned to $kube_version, not $want_patch (see releases/pin.sh)" >&2
+  exit 2
 fi
 major="${kube_version#v}"; major="${major%%.*}"
 minor="${kube_version#v*.}"; minor="${minor%%.*}"
 
-hash="$(cat go.mod go.sum build.sh $(ls *.go | LC_ALL=C sort) | sha256sum | cut -c1-16)"
+hash="$(cat "$modfile" "$sumfile" build.sh $(ls *.go | LC_ALL=C sort) | sha256sum | cut -c1-16)"
 root="${NODEAGENT_HARNESS_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/nodeagent}"
-outdir="$root/apiserver-harness-$hash"
+outdir="$root/apiserver-harness-$release-$hash"
 bin="$outdir/harness"
 
 if [[ -x "$bin" ]]; then
@@ -44,6 +82,16 @@ if [[ -x "$bin" ]]; then
 fi
 
 mkdir -p "$outdir"
+# Concurrent builds of one release (tests started together) wait for the first one instead of
+# compiling the same packages side by side on a shared machine.
+if command -v flock >/dev/null 2>&1; then
+  exec 9>"$outdir/.lock"
+  flock 9
+  if [[ -x "$bin" ]]; then
+    echo "$bin"
+    exit 0
+  fi
+fi
 tmp="$(mktemp "$outdir/harness.XXXXXX")"
 trap 'rm -f "$tmp"' EXIT
 
@@ -56,7 +104,7 @@ ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 
 echo "build.sh: building harness ($kube_version) -> $bin" >&2
 start=$(date +%s)
-"$GO" build -trimpath -ldflags "$ldflags" -o "$tmp" . >&2
+"$GO" build -modfile="$modfile" -trimpath -ldflags "$ldflags" -o "$tmp" . >&2
 mv -f "$tmp" "$bin"
 trap - EXIT
 echo "build.sh: built in $(( $(date +%s) - start ))s" >&2

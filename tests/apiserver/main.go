@@ -4,6 +4,7 @@
 //	harness certs     --dir D --nodes node-a,node-b --server https://127.0.0.1:N
 //	harness etcd      --dir D --client-port P --peer-port Q
 //	harness apiserver --dir D --etcd http://127.0.0.1:P --port N
+//	harness features
 //
 // See tests/support/apiserver.py for the Python side.
 package main
@@ -19,6 +20,7 @@ func usage() {
   harness certs     --dir D [--nodes node-a,node-b] [--server https://127.0.0.1:6443]
   harness etcd      --dir D --client-port P --peer-port Q
   harness apiserver --dir D --etcd http://127.0.0.1:P --port N [-- extra kube-apiserver flags]
+  harness features  (JSON: kube-apiserver's feature gates and resource.k8s.io versions)
 `)
 	os.Exit(2)
 }
@@ -36,6 +38,8 @@ func main() {
 		err = runEtcd(args)
 	case "apiserver":
 		err = runAPIServer(args)
+	case "features":
+		err = runFeatures(args)
 	case "-h", "--help", "help":
 		usage()
 	default:

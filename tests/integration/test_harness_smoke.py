@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 try:
+    from tests.support import apiserver as harness
     from tests.support.apiserver import ApiServer, start_apiserver
 except ImportError:  # pytest run without the repo root on sys.path
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
+    from tests.support import apiserver as harness
     from tests.support.apiserver import ApiServer, start_apiserver
 
 pytestmark = pytest.mark.integration
@@ -72,10 +74,60 @@ def test_version(srv: ApiServer) -> None:
     assert status == 200, body
     assert body["major"] == "1"
     minor = re.match(r"\d+", body["minor"])
-    assert minor is not None and int(minor.group()) >= 34
+    assert minor is not None and int(minor.group()) >= 35
     assert srv.version == body["gitVersion"] and srv.version.startswith("v1.")
+    # The release the environment selected (the newest by default), at its pinned version.
+    assert srv.release == harness.selected_release() == f"1.{minor.group()}"
+    assert srv.version == harness.release_version(srv.release)
     assert srv.url.startswith("https://127.0.0.1:")
     assert srv.etcd_url.startswith("http://127.0.0.1:")
+
+
+def test_releases_newest_first_and_selection_errors() -> None:
+    releases = harness.releases()
+    assert {"1.35", "1.36", "1.37"} <= set(releases)
+    assert list(releases) == sorted(releases, key=lambda r: int(r.split(".")[1]), reverse=True)
+    assert harness.newest_release() == releases[0]
+    with pytest.raises(ValueError, match=re.escape("unknown Kubernetes release '1.99'")):
+        start_apiserver(pathlib.Path("/nonexistent"), release="1.99")
+    assert harness.release_version("1.37") == "v1.37.2"
+    with pytest.raises(ValueError, match=re.escape("pinned to v1.37.2, not v1.37.0")):
+        start_apiserver(pathlib.Path("/nonexistent"), release="v1.37.0")
+    with pytest.raises(ValueError, match="expected one of default, all-dra"):
+        start_apiserver(pathlib.Path("/nonexistent"), gates="all")
+
+
+def test_feature_gates_as_the_server_reports_them(srv: ApiServer) -> None:
+    enabled = srv.enabled_features()
+    features = harness.harness_features(srv.release).features
+    # The running server and the binary's own table agree on every default.
+    if srv.gates == "default":
+        assert {n: f.default for n, f in features.items() if n in enabled} == enabled
+    assert srv.feature_enabled("DynamicResourceAllocation")
+    assert not srv.feature_enabled("NoSuchGate")
+
+
+def test_all_dra_lane_turns_on_every_dra_gate(tmp_path: pathlib.Path) -> None:
+    """The all-dra lane: every DRA gate of the release a user may change (alpha included) is
+    on, no locked gate was passed, and every resource.k8s.io version is served."""
+    release = harness.selected_release()
+    features = harness.harness_features(release)
+    gates = harness.dra_gates(release)
+    assert all(not features.features[n].locked for n in gates)
+    dra = {
+        n
+        for n, f in features.features.items()
+        if n.startswith("DRA") and not f.locked and f.pre_release in ("ALPHA", "BETA")
+    }
+    assert dra and dra <= set(gates)
+    with start_apiserver(tmp_path, nodes=("node-a",), gates="all-dra") as s:
+        assert s.gates == "all-dra" and s.set_gates == gates
+        enabled = s.enabled_features()
+        assert {n: enabled.get(n) for n in gates} == dict.fromkeys(gates, True)
+        status, body = s.request("GET", "/apis/resource.k8s.io")
+        assert status == 200, body
+        served = [v["version"] for v in body["versions"]]
+        assert sorted(served) == sorted(features.resource_versions)
 
 
 def test_resource_v1_served(srv: ApiServer) -> None:

@@ -18,8 +18,23 @@ or directly::
     finally:
         srv.close()
 
+Releases: every directory ``tests/apiserver/releases/<major.minor>`` is one
+Kubernetes release the harness builds (``releases()``, newest first). A test
+runs on ``NODEAGENT_KUBE_RELEASE`` (default: the newest) unless it asks for a
+release (``start_apiserver(tmp, release="1.35")``); ``srv.release`` and
+``srv.version`` say which one it got.
+
+Feature-gate lanes: ``NODEAGENT_KUBE_GATES`` (or ``gates=``) is ``default``
+(the release's defaults) or ``all-dra``: every DRA feature gate the release
+knows and lets a user change (alpha and beta; GA/locked gates are never
+passed), with their dependencies, and every resource.k8s.io API version. Tests
+ask the running server which gates are on with ``srv.feature_enabled(name)``.
+
 Environment:
-    NODEAGENT_HARNESS_BIN      use this harness binary instead of building one
+    NODEAGENT_KUBE_RELEASE     release of the default server: 1.37, 1.36, ...
+    NODEAGENT_KUBE_GATES       feature-gate lane of the default server: default | all-dra
+    NODEAGENT_HARNESS_BIN      use this harness binary (for NODEAGENT_KUBE_RELEASE's release)
+                               instead of building one
     NODEAGENT_HARNESS_TIMEOUT  seconds to wait for /readyz (default 120)
 """
 
@@ -28,9 +43,12 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import ssl
@@ -47,17 +65,31 @@ from typing import Any, Literal
 from tests.support.gobuild import GoBinary
 
 __all__ = [
+    "GATE_LANES",
     "ApiServer",
     "ApiServerError",
+    "Feature",
     "HarnessBuildError",
+    "HarnessFeatures",
     "apiserver_fixture",
     "build_harness",
+    "dra_gates",
     "free_ports",
+    "harness_features",
+    "newest_release",
+    "release_version",
+    "releases",
+    "selected_gates",
+    "selected_release",
     "start_apiserver",
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SH = REPO_ROOT / "tests" / "apiserver" / "build.sh"
+RELEASES_DIR = REPO_ROOT / "tests" / "apiserver" / "releases"
+RELEASE_ENV = "NODEAGENT_KUBE_RELEASE"
+GATES_ENV = "NODEAGENT_KUBE_GATES"
+GATE_LANES = ("default", "all-dra")
 
 DEFAULT_NODES = ("node-a", "node-b")
 READY_TIMEOUT = float(os.environ.get("NODEAGENT_HARNESS_TIMEOUT", "120"))
@@ -75,16 +107,194 @@ class ApiServerError(RuntimeError):
 # --------------------------------------------------------------------------
 # building
 
-_BINARY = GoBinary(BUILD_SH, "NODEAGENT_HARNESS_BIN", HarnessBuildError)
+
+def _release_key(release: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in release.split("."))
 
 
-def build_harness() -> pathlib.Path:
-    """Run tests/apiserver/build.sh (a no-op when cached); return the binary path.
+def releases() -> tuple[str, ...]:
+    """The Kubernetes releases the harness builds ("1.37", "1.36", ...), newest first."""
+    found = [
+        d.name
+        for d in RELEASES_DIR.iterdir()
+        if re.fullmatch(r"\d+\.\d+", d.name) and (d / "go.mod").is_file()
+    ]
+    return tuple(sorted(found, key=_release_key, reverse=True))
 
-    The first build on a machine compiles kube-apiserver and etcd (minutes);
-    later calls only hash the sources.
+
+def newest_release() -> str:
+    return releases()[0]
+
+
+def _normalize_release(release: str) -> str:
+    """ "1.37", "v1.37" or "v1.37.2" -> "1.37" (a patch must be the pinned one)."""
+    r = release.strip().removeprefix("v")
+    m = re.fullmatch(r"(\d+\.\d+)(?:\.(\d+))?", r)
+    if m is None or m.group(1) not in releases():
+        raise ValueError(
+            f"unknown Kubernetes release {release!r}; the harness builds {', '.join(releases())}"
+        )
+    if m.group(2) is not None and release_version(m.group(1)) != f"v{r}":
+        raise ValueError(
+            f"release {m.group(1)} is pinned to {release_version(m.group(1))}, not v{r} "
+            "(tests/apiserver/releases/pin.sh moves it)"
+        )
+    return m.group(1)
+
+
+def selected_release() -> str:
+    """The release of the default server: $NODEAGENT_KUBE_RELEASE, else the newest."""
+    env = os.environ.get(RELEASE_ENV, "").strip()
+    return _normalize_release(env) if env else newest_release()
+
+
+def selected_gates() -> str:
+    """The feature-gate lane of the default server: $NODEAGENT_KUBE_GATES, else "default"."""
+    lane = os.environ.get(GATES_ENV, "").strip() or "default"
+    if lane not in GATE_LANES:
+        raise ValueError(f"{GATES_ENV}={lane!r}: expected one of {', '.join(GATE_LANES)}")
+    return lane
+
+
+@functools.cache
+def release_version(release: str) -> str:
+    """The Kubernetes version a release is pinned to ("1.37" -> "v1.37.2"), from its go.mod."""
+    text = (RELEASES_DIR / release / "go.mod").read_text()
+    m = re.search(r"^\s*k8s\.io/kubernetes\s+(v\S+)", text, re.MULTILINE)
+    if m is None:
+        raise HarnessBuildError(f"no k8s.io/kubernetes version in {RELEASES_DIR / release}/go.mod")
+    return m.group(1)
+
+
+_binaries: dict[str, GoBinary] = {}
+_binaries_lock = threading.Lock()
+
+
+def build_harness(release: str | None = None) -> pathlib.Path:
+    """Run tests/apiserver/build.sh for ``release`` (default: :func:`selected_release`; a
+    no-op when cached); return the binary path.
+
+    The first build of a release compiles kube-apiserver and etcd (minutes); later calls
+    only hash the sources. $NODEAGENT_HARNESS_BIN stands in for the selected release only.
     """
-    return _BINARY.path()
+    r = _normalize_release(release) if release else selected_release()
+    with _binaries_lock:
+        binary = _binaries.get(r)
+        if binary is None:
+            override = "NODEAGENT_HARNESS_BIN" if r == selected_release() else None
+            binary = GoBinary(BUILD_SH, override, HarnessBuildError, args=(r,))
+            _binaries[r] = binary
+    return binary.path()
+
+
+@dataclasses.dataclass(frozen=True)
+class Feature:
+    """One kube-apiserver feature gate at the release's own version (``harness features``)."""
+
+    name: str
+    default: bool
+    pre_release: str  # "ALPHA", "BETA", "" (GA) or "DEPRECATED"
+    locked: bool
+    depends_on: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class HarnessFeatures:
+    features: Mapping[str, Feature]
+    resource_versions: tuple[str, ...]  # resource.k8s.io versions, preferred first
+
+
+_features: dict[pathlib.Path, HarnessFeatures] = {}
+
+
+def harness_features(release: str | None = None) -> HarnessFeatures:
+    """Every feature gate of ``release``'s kube-apiserver and its resource.k8s.io versions,
+    asked from the binary itself (exact per release, no parsing of Go sources)."""
+    binary = build_harness(release)
+    cached = _features.get(binary)
+    if cached is not None:
+        return cached
+    proc = subprocess.run(
+        [str(binary), "features"], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise HarnessBuildError(f"{binary} features failed ({proc.returncode}):\n{proc.stderr}")
+    doc = json.loads(proc.stdout)
+    feats = {
+        f["name"]: Feature(
+            name=f["name"],
+            default=bool(f["default"]),
+            pre_release=f["preRelease"],
+            locked=bool(f["locked"]),
+            depends_on=tuple(f.get("dependsOn") or ()),
+        )
+        for f in doc["features"]
+    }
+    out = HarnessFeatures(feats, tuple(doc["resourceVersions"]))
+    _features[binary] = out
+    return out
+
+
+def _is_dra_gate(name: str) -> bool:
+    return name.startswith("DRA") or name == "DynamicResourceAllocation"
+
+
+def dra_gates(release: str | None = None) -> dict[str, bool]:
+    """The gates of the ``all-dra`` lane: every DRA gate of the release a user may change
+    (alpha or beta, not locked, not deprecated), plus the gates they depend on, all true."""
+    feats = harness_features(release).features
+    wanted = [
+        f.name
+        for f in feats.values()
+        if _is_dra_gate(f.name) and not f.locked and f.pre_release in ("ALPHA", "BETA")
+    ]
+    out: dict[str, bool] = {}
+    todo = list(wanted)
+    while todo:
+        name = todo.pop()
+        f = feats.get(name)
+        if name in out or f is None or f.locked:
+            continue
+        out[name] = True
+        todo.extend(f.depends_on)
+    return dict(sorted(out.items()))
+
+
+def _gate_args(
+    release: str, lane: str, feature_gates: Mapping[str, bool]
+) -> tuple[list[str], dict[str, bool]]:
+    """kube-apiserver flags for a lane plus explicit gates, and the gates they set.
+
+    A gate locked to the asked value is dropped (passing it is an error on some releases); a
+    gate locked to the other value, or unknown to the release, raises ValueError."""
+    gates: dict[str, bool] = {}
+    if lane == "all-dra":
+        gates.update(dra_gates(release))
+    elif lane != "default":
+        raise ValueError(f"gates={lane!r}: expected one of {', '.join(GATE_LANES)}")
+    if not gates and not feature_gates:
+        return [], {}
+    hf = harness_features(release)
+    for name, value in feature_gates.items():
+        f = hf.features.get(name)
+        if f is None:
+            raise ValueError(f"kube-apiserver {release} has no feature gate {name!r}")
+        if f.locked and f.default != value:
+            raise ValueError(f"feature gate {name} is locked to {f.default} in {release}")
+        gates[name] = value
+    gates = {n: v for n, v in gates.items() if not hf.features[n].locked}
+    args = []
+    if gates:
+        args.append(
+            "--feature-gates=" + ",".join(f"{n}={str(v).lower()}" for n, v in gates.items())
+        )
+    if lane == "all-dra":
+        # Alpha/beta API versions are off unless asked for (DeviceTaintRule, pool status, ...).
+        args.append(
+            "--runtime-config="
+            + ",".join(f"resource.k8s.io/{v}=true" for v in hf.resource_versions)
+        )
+    return args, gates
 
 
 # --------------------------------------------------------------------------
@@ -197,7 +407,10 @@ class ApiServer:
         url: ``https://127.0.0.1:<port>``
         dir: directory with certs, tokens, kubeconfigs, etcd data and logs
         etcd_url: ``http://127.0.0.1:<port>`` (etcd client URL + JSON gateway)
-        version: gitVersion from /version, e.g. ``v1.35.4``
+        version: gitVersion from /version, e.g. ``v1.37.2``
+        release: the Kubernetes release, e.g. ``1.37``
+        gates: the feature-gate lane, ``default`` or ``all-dra``
+        set_gates: the feature gates passed to kube-apiserver (lane and explicit ones)
         nodes: node names that have client certs / kubeconfigs
         apiserver_log, etcd_log: log files (appended across restarts)
     """
@@ -208,7 +421,14 @@ class ApiServer:
         binary: pathlib.Path,
         nodes: Iterable[str] = DEFAULT_NODES,
         extra_args: Sequence[str] = (),
+        *,
+        release: str | None = None,
+        gates: str = "default",
+        set_gates: Mapping[str, bool] | None = None,
     ) -> None:
+        self.release = release or selected_release()
+        self.gates = gates
+        self.set_gates = dict(set_gates or {})
         self.dir = pathlib.Path(workdir).resolve()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.binary = pathlib.Path(binary)
@@ -221,6 +441,7 @@ class ApiServer:
         self.etcd_log = self.dir / "etcd.log"
         self.version = ""
         self.startup_seconds = 0.0  # of the last start_apiserver()
+        self._enabled: dict[str, bool] | None = None
         self._etcd: _Proc | None = None
         self._apiserver: _Proc | None = None
         self._ssl: dict[str, ssl.SSLContext] = {}
@@ -462,6 +683,38 @@ class ApiServer:
         if status != 200 or not isinstance(body, dict):
             raise ApiServerError(f"/version -> {status}: {body}")
         self.version = body.get("gitVersion", "")
+        if not self.version.startswith(f"v{self.release}."):
+            self._apiserver.kill()
+            raise ApiServerError(
+                f"{self.binary} serves {self.version}, not release {self.release} "
+                "(NODEAGENT_HARNESS_BIN of another release?)"
+            )
+        self._enabled = None
+
+    # -- feature gates ----------------------------------------------------
+
+    def enabled_features(self) -> dict[str, bool]:
+        """Every feature gate of the running kube-apiserver and whether it is on, as the server
+        itself reports it (its ``kubernetes_feature_enabled`` metric)."""
+        if self._enabled is None:
+            status, body = self.request("GET", "/metrics", headers={"Accept": "text/plain"})
+            if status != 200 or not isinstance(body, str):
+                raise ApiServerError(f"/metrics -> {status}: {str(body)[:500]}")
+            pat = re.compile(r'^kubernetes_feature_enabled\{name="([^"]+)"[^}]*\}\s+(\S+)$')
+            enabled = {}
+            for line in body.splitlines():
+                m = pat.match(line)
+                if m:
+                    enabled[m.group(1)] = float(m.group(2)) == 1.0
+            if not enabled:
+                raise ApiServerError("/metrics has no kubernetes_feature_enabled samples")
+            self._enabled = enabled
+        return dict(self._enabled)
+
+    def feature_enabled(self, name: str) -> bool:
+        """Whether feature gate ``name`` is on in the running server (False if the release does
+        not know it): tests use it to know which gated fields a write keeps."""
+        return self.enabled_features().get(name, False)
 
     def stop_apiserver(self) -> None:
         """SIGTERM kube-apiserver and wait for it to exit (SIGKILL after 30 s).
@@ -549,15 +802,35 @@ def start_apiserver(
     workdir: pathlib.Path,
     nodes: Iterable[str] = DEFAULT_NODES,
     extra_args: Sequence[str] = (),
+    *,
+    release: str | None = None,
+    gates: str | None = None,
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> ApiServer:
-    """Build the harness if needed, write certs/tokens/kubeconfigs into workdir,
-    start etcd and kube-apiserver, and wait for /readyz (as admin).
+    """Build the harness of ``release`` if needed, write certs/tokens/kubeconfigs into
+    workdir, start etcd and kube-apiserver, and wait for /readyz (as admin).
 
-    extra_args are appended to kube-apiserver's flags (last occurrence wins).
+    release: "1.37", "1.36", ... (default $NODEAGENT_KUBE_RELEASE, else the newest).
+    gates: the feature-gate lane, "default" or "all-dra" (default $NODEAGENT_KUBE_GATES, else
+    "default"). feature_gates: more gates to set (name -> bool; a gate locked to that value in
+    the release is dropped, an unknown or contrary locked gate raises ValueError).
+    extra_args are appended to kube-apiserver's flags (last occurrence wins; repeated
+    --feature-gates and --runtime-config flags add up).
     Raises ApiServerError with the relevant log tail on failure or timeout.
     """
-    binary = build_harness()
-    srv = ApiServer(pathlib.Path(workdir), binary, nodes, extra_args)
+    r = _normalize_release(release) if release else selected_release()
+    lane = gates if gates is not None else selected_gates()
+    gate_args, set_gates = _gate_args(r, lane, dict(feature_gates or {}))
+    binary = build_harness(r)
+    srv = ApiServer(
+        pathlib.Path(workdir),
+        binary,
+        nodes,
+        [*gate_args, *extra_args],
+        release=r,
+        gates=lane,
+        set_gates=set_gates,
+    )
     try:
         srv._run_certs()
         srv.start_etcd()
@@ -573,22 +846,36 @@ def apiserver_fixture(
     name: str = "apiserver",
     nodes: Iterable[str] = DEFAULT_NODES,
     extra_args: Sequence[str] = (),
+    *,
+    release: str | None = None,
+    gates: str | None = None,
+    feature_gates: Mapping[str, bool] | None = None,
 ):
     """Return a pytest fixture (put it in a conftest) yielding a started ApiServer.
 
         from tests.support.apiserver import apiserver_fixture
         apiserver = apiserver_fixture(scope="session")
 
-    The workdir comes from tmp_path_factory; the server is closed at teardown.
+    The workdir comes from tmp_path_factory; the server is closed at teardown. release,
+    gates and feature_gates as for :func:`start_apiserver` (release and lane default to the
+    environment's at fixture set-up).
     """
     import pytest
 
     nodes = tuple(nodes)
     extra_args = tuple(extra_args)
+    fgates = dict(feature_gates or {})
 
     @pytest.fixture(scope=scope, name=name)
     def _fixture(tmp_path_factory):
-        srv = start_apiserver(tmp_path_factory.mktemp(name), nodes=nodes, extra_args=extra_args)
+        srv = start_apiserver(
+            tmp_path_factory.mktemp(name),
+            nodes=nodes,
+            extra_args=extra_args,
+            release=release,
+            gates=gates,
+            feature_gates=fgates,
+        )
         try:
             yield srv
         finally:

@@ -8,21 +8,30 @@ import pathlib
 import shutil
 import subprocess
 import threading
+from collections.abc import Sequence
 
 
 class GoBinary:
-    """One such binary: built at most once per process, or taken from `override_env`."""
+    """One such binary: built at most once per process, or taken from `override_env` (None: never
+    overridden). `args` go to build.sh (the harness takes the Kubernetes release)."""
 
-    def __init__(self, build_sh: pathlib.Path, override_env: str, error: type[Exception]) -> None:
+    def __init__(
+        self,
+        build_sh: pathlib.Path,
+        override_env: str | None,
+        error: type[Exception],
+        args: Sequence[str] = (),
+    ) -> None:
         self.build_sh = build_sh
         self.override_env = override_env
+        self.args = tuple(args)
         self.error = error
         self._lock = threading.Lock()
         self._built: pathlib.Path | None = None
 
     def path(self) -> pathlib.Path:
         """Run build.sh (a no-op when cached) and return the binary's path."""
-        override = os.environ.get(self.override_env)
+        override = os.environ.get(self.override_env) if self.override_env else None
         if override:
             path = pathlib.Path(override)
             if not os.access(path, os.X_OK):
@@ -40,7 +49,7 @@ class GoBinary:
         ):
             env["PATH"] = "/usr/local/go/bin" + os.pathsep + env.get("PATH", "")
         proc = subprocess.run(
-            ["bash", str(self.build_sh)],
+            ["bash", str(self.build_sh), *self.args],
             cwd=self.build_sh.parent,
             env=env,
             stdin=subprocess.DEVNULL,
