@@ -1,15 +1,19 @@
 """The streaming list (`kube.streaming_list`, the apiserver's WatchList) against the real
-kube-apiserver v1.35: the initial events and the `k8s.io/initial-events-end` bookmark on one
-connection that goes on as the watch, an object carrying the marker in its data, the
+kube-apiserver of the selected release: the initial events and the `k8s.io/initial-events-end`
+bookmark on one connection that goes on as the watch, an object carrying the marker in its data, the
 accumulator's bootstrap (its exact relist difference after a 410 is test_accumulator.py's
 test_relist_after_410_yields_exact_difference[on]), and the fallback to LIST on a server started
-with the WatchList feature gate off."""
+with the WatchList feature gate off. From 1.37 the server gzips a streaming list with one gzip
+member per flush (WatchListCompression): every event after the list is still heard."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -22,6 +26,7 @@ from nodeagent.kube import (
     WatchRequest,
     run_watch,
 )
+from nodeagent.kube.encoding import BodyDecoder
 from nodeagent.kube.watch import INITIAL_EVENTS_END
 from tests.integration.conftest import client_for, core_event
 from tests.integration.test_accumulator import (
@@ -174,3 +179,112 @@ async def test_on_reports_the_refusal_and_never_lists(old_apiserver: ApiServer) 
     assert all("sendInitialEvents is forbidden" in f for f in sink.failures)
     assert sink.pages == 0 and sink.lists_ended == [] and sink.synced_after_lists == []
     assert all(p.get("sendInitialEvents") == "true" for p in client.watch_params)
+
+
+# -- compressed streaming lists (WatchListCompression, beta and on from 1.37) --------------------
+
+EVENTS_AFTER = 200
+
+
+class HeaderRecorder(GatedClient):
+    """Records the response headers of every watch it opens."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_headers: list[httpx.Headers] = []
+
+    def stream(
+        self, path: str, params: Mapping[str, str], **kwargs: Any
+    ) -> AbstractAsyncContextManager[httpx.Response]:
+        outer = super().stream
+
+        @asynccontextmanager
+        async def recording() -> AsyncIterator[httpx.Response]:
+            async with outer(path, params, **kwargs) as resp:
+                self.response_headers.append(resp.headers)
+                yield resp
+
+        return recording()
+
+
+def compressed(apiserver: ApiServer) -> bool:
+    return apiserver.feature_enabled("WatchListCompression")
+
+
+async def test_compressed_streaming_list_hears_every_event_after_the_list(
+    apiserver: ApiServer, admin_client: KubeClient
+) -> None:
+    ns = await namespace(admin_client)
+    for name in ("a", "b", "c"):
+        await admin_client.create(CONFIGMAPS, cm(name, v="1"), ns)
+    sink = ListRecorder()
+    # One connection for the whole test: a resumed watch (resourceVersion=...) is never
+    # compressed, so a reconnect would hide lost events.
+    options = WatchOptions(server_timeout=(120, 120), backoff=(0.05, 0.2), streaming_list="on")
+    config = client_for(apiserver, "admin").config
+    async with HeaderRecorder(config, watch=options) as client, trio.open_nursery() as nursery:
+        client.notify = sink
+        nursery.start_soon(lambda: run_watch(client, WatchRequest(CONFIGMAPS, ns), sink))
+        await sink.wait_for(lambda: len(sink.lists_ended) == 1)
+        for i in range(EVENTS_AFTER):
+            await admin_client.create(CONFIGMAPS, cm(f"after{i}", v=str(i)), ns)
+        await sink.wait_for(lambda: len(sink.events) >= 3 + EVENTS_AFTER, limit=60)
+        nursery.cancel_scope.cancel()
+    assert len(client.watch_params) == 1 and sink.failures == []
+    encoding = client.response_headers[0].get("content-encoding")
+    assert encoding == ("gzip" if compressed(apiserver) else None), apiserver.version
+    assert [n for _, n, _ in sink.events] == ["a", "b", "c"] + [
+        f"after{i}" for i in range(EVENTS_AFTER)
+    ]
+
+
+async def test_raw_wire_of_a_compressed_streaming_list(
+    apiserver: ApiServer, admin_client: KubeClient
+) -> None:
+    """What the server sends, read without the client's watch loop: on 1.37 a gzip member per
+    flush, and each later event in a member of its own that httpx's decoder would drop."""
+    ns = await namespace(admin_client)
+    await admin_client.create(CONFIGMAPS, cm("a", v="1"), ns)
+    params = {
+        "watch": "true",
+        "allowWatchBookmarks": "true",
+        "sendInitialEvents": "true",
+        "resourceVersionMatch": "NotOlderThan",
+        "timeoutSeconds": "60",
+    }
+    names: list[str] = []
+    async with httpx.AsyncClient(
+        base_url=apiserver.url,
+        verify=apiserver.ssl_context("admin"),
+        headers={"Accept": "application/json", "Accept-Encoding": "gzip"},
+    ) as http:
+        req = http.build_request("GET", f"/api/v1/namespaces/{ns}/configmaps", params=params)
+        resp = await http.send(req, stream=True)
+        try:
+            decoder = BodyDecoder(resp.headers.get("content-encoding"))
+            buf, listed, members_at_end = b"", False, 0
+            with trio.fail_after(60):
+                async for raw in resp.aiter_raw():
+                    buf += decoder.decode(raw)
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        ev = json.loads(line)
+                        meta = ev["object"]["metadata"]
+                        if ev["type"] == "ADDED":
+                            names.append(meta["name"])
+                        elif INITIAL_EVENTS_END in meta.get("annotations", {}):
+                            listed, members_at_end = True, decoder.members
+                            for i in range(20):
+                                await admin_client.create(CONFIGMAPS, cm(f"x{i}", v="1"), ns)
+                    if listed and len(names) == 21:
+                        break
+        finally:
+            await resp.aclose()
+    assert names == ["a"] + [f"x{i}" for i in range(20)]
+    if compressed(apiserver):
+        assert resp.headers["content-encoding"] == "gzip"
+        # The list, its bookmark and the later events did not all fit in one member: the
+        # events after the bookmark came in members of their own.
+        assert decoder.members > members_at_end >= 1
+    else:
+        assert decoder.members == 0 and "content-encoding" not in resp.headers

@@ -103,6 +103,12 @@ class BadResponse(ApiError):
         super().__init__(200, "BadResponse", message)
 
 
+class DecodeError(BadResponse):
+    """A body whose ``Content-Encoding`` could not be decoded to its end: an encoding the
+    client did not ask for, bytes that are not gzip, a gzip member cut short. Never silently
+    dropped: the request fails, a watch relists (`nodeagent.kube.encoding`)."""
+
+
 _BY_REASON: dict[str, type[ApiError]] = {
     "NotFound": NotFound,
     "AlreadyExists": AlreadyExists,

@@ -28,12 +28,18 @@ API_RETRIES = Counter(
 WATCH_RESTARTS = Counter(
     "nodeagent_watch_restarts_total",
     "Watch connections restarted, by resource and reason "
-    "(closed, timeout, inactivity, error, gone, http_error).",
+    "(closed, inactivity, broken, gone, forbidden, error, http_error, connect, decode_error).",
     ["resource", "reason"],
 )
 WATCH_EVENTS = Counter(
     "nodeagent_watch_events_total",
     "Watch events (bookmarks included) received, by resource.",
+    ["resource"],
+)
+WATCH_DECODE_ERRORS = Counter(
+    "nodeagent_watch_decode_errors_total",
+    "Watch bodies (streaming lists included) that held bytes the client could not decode (a "
+    "gzip member cut short, not gzip, an encoding it did not ask for); each one relists.",
     ["resource"],
 )
 WATCH_RELISTS = Counter(

@@ -15,6 +15,7 @@ import trio
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors
 from nodeagent.kube.auth import TlsSource, TokenSource, token_source
+from nodeagent.kube.encoding import ACCEPT_ENCODING, BodyDecoder
 from nodeagent.kube.kubeconfig import ClusterConfig
 from nodeagent.kube.metrics import (
     API_LATENCY,
@@ -103,7 +104,13 @@ class Transport:
             verify=verify,
             timeout=httpx.Timeout(self.request_timeout, connect=self.connect_timeout),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=20),
-            headers={"Accept": _JSON, "User-Agent": "nodeagent"},
+            # Bodies are decoded by `encoding.BodyDecoder` (httpx's gzip decoder reads only the
+            # first member), so advertise exactly what it decodes.
+            headers={
+                "Accept": _JSON,
+                "Accept-Encoding": ACCEPT_ENCODING,
+                "User-Agent": "nodeagent",
+            },
             trust_env=False,
             transport=self._transport,
         )
@@ -159,7 +166,7 @@ class Transport:
         start = time.perf_counter()
         try:
             with trio.fail_after(self.request_timeout):
-                resp = await http.client.request(
+                request = http.client.build_request(
                     method,
                     path,
                     params=params,
@@ -167,6 +174,12 @@ class Transport:
                     headers=headers,
                     extensions=self._extensions,
                 )
+                resp = await http.client.send(request, stream=True)
+                try:
+                    data = await read_body(resp)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await resp.aclose()
         except trio.TooSlowError:
             API_REQUESTS.labels(verb, resource, "error").inc()
             raise errors.TransportError(
@@ -175,11 +188,15 @@ class Transport:
         except httpx.TransportError as exc:
             API_REQUESTS.labels(verb, resource, "error").inc()
             raise _transport_error(method, path, exc) from exc
+        except errors.DecodeError as exc:
+            API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
+            log.error("response body not decodable", verb=verb, path=path, error=str(exc))
+            raise errors.DecodeError(f"{method} {path}: {exc}") from None
         finally:
             await self._release(http)
         API_LATENCY.labels(verb, resource).observe(time.perf_counter() - start)
         API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
-        return resp.status_code, resp.headers, resp.content
+        return resp.status_code, resp.headers, data
 
     async def request(
         self,
@@ -216,6 +233,14 @@ class Transport:
                 delay = backoff.next()
                 API_RETRIES.labels(verb, resource, "transport").inc()
                 log.debug("retrying", verb=verb, path=path, error=exc.message, delay=delay)
+                await trio.sleep(delay)
+                continue
+            except errors.DecodeError:
+                # The answer came but could not be read whole: like a broken connection.
+                if not idempotent or attempt >= self.max_attempts:
+                    raise
+                delay = backoff.next()
+                API_RETRIES.labels(verb, resource, "decode").inc()
                 await trio.sleep(delay)
                 continue
             if code < 400:
@@ -283,7 +308,7 @@ class Transport:
                 try:
                     if resp.status_code >= 400:
                         try:
-                            data = await resp.aread()
+                            data = await read_body(resp)
                         except httpx.TransportError as exc:
                             raise _transport_error("GET", path, exc) from exc
                         err = errors.error_from_response(resp.status_code, data, resp.headers)
@@ -303,6 +328,24 @@ class Transport:
                         await resp.aclose()
             finally:
                 await self._release(http)
+
+
+def body_stream(resp: httpx.Response) -> tuple[BodyDecoder, AsyncIterator[bytes]]:
+    """A response's body as received and the decoder for it: the raw bytes of a streamed
+    response go through `BodyDecoder`, never through httpx's decoders."""
+    if resp.is_stream_consumed:
+        # Built in memory (a mock transport's answer): httpx read and decoded it already.
+        return BodyDecoder(None), resp.aiter_bytes()
+    return BodyDecoder(resp.headers.get("content-encoding")), resp.aiter_raw()
+
+
+async def read_body(resp: httpx.Response) -> bytes:
+    """A (streamed) response's whole body, decoded by `BodyDecoder` (`DecodeError` if any of
+    it could not be)."""
+    decoder, chunks = body_stream(resp)
+    parts = [decoder.decode(raw) async for raw in chunks]
+    decoder.finish()
+    return b"".join(parts)
 
 
 def _retryable(err: errors.ApiError, idempotent: bool) -> bool:

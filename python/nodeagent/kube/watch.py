@@ -33,12 +33,14 @@ from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors
 from nodeagent.kube.client import KubeClient, selector_params
 from nodeagent.kube.metrics import (
+    WATCH_DECODE_ERRORS,
     WATCH_EVENTS,
     WATCH_RELISTS,
     WATCH_RESTARTS,
     WATCH_STREAMING_LISTS,
 )
 from nodeagent.kube.resource import Resource
+from nodeagent.kube.transport import body_stream
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
@@ -248,6 +250,15 @@ class _Watch:
         self.listing = rv is None
         try:
             reason = await self._stream(rv)
+        except errors.DecodeError as exc:
+            # Events may have been lost in what could not be decoded: never go on from the
+            # resourceVersion seen so far, relist (streaming lists are retried with backoff).
+            WATCH_DECODE_ERRORS.labels(self.label).inc()
+            log.error("watch body not decodable: relisting", resource=self.label, error=str(exc))
+            self.rv = None
+            if self.listing:
+                raise self._list_failure(exc) from exc
+            return "decode_error"
         except (httpx.TransportError, errors.KubeError) as exc:
             if self.listing:
                 raise self._list_failure(exc) from exc
@@ -287,8 +298,11 @@ class _Watch:
                 WATCH_RELISTS.labels(self.label).inc()
                 await self.sink.begin_list()
                 initial = _InitialEvents()
+            decoder, raw_chunks = body_stream(resp)
             try:
-                async for chunk in resp.aiter_bytes():
+                async for raw in raw_chunks:
+                    if not (chunk := decoder.decode(raw)):
+                        continue
                     if initial is not None:
                         lines, end = initial.push(chunk)
                         if lines and (error := await self._feed(lines)) is not None:
@@ -305,6 +319,7 @@ class _Watch:
                             continue
                     if (error := await self._feed(chunk)) is not None:
                         return self._on_error_event(error)
+                decoder.finish()
             finally:
                 await self.sink.end_stream()
         return "closed"
