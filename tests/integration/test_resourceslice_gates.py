@@ -356,3 +356,68 @@ async def test_a_slice_the_server_refuses_is_reported_and_not_retried_in_a_loop(
         await until(published, "the valid pool")
         await quiet(pub)
         assert pub.invalid() == set() and pub.failing() == {}
+
+
+def _gpus(n: int, bad: int | None = None) -> device_pb2.Inventory:
+    return device_pb2.Inventory(
+        pools=[
+            device_pb2.Pool(
+                name=NODE,
+                devices=[
+                    device_pb2.Device(
+                        name=f"gpu-{i}",
+                        attributes={
+                            "model": device_pb2.DeviceAttribute(
+                                string="é" * 40 if i == bad else "x100"
+                            )
+                        },
+                    )
+                    for i in range(n)
+                ],
+            )
+        ]
+    )
+
+
+async def test_a_refused_new_generation_leaves_the_complete_pool_published(
+    gates_on: ApiServer, admin_on: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20 item 2 on the real server: 200 devices published (two slices), then 260 with
+    the last one refused by the server (80 bytes of text; the agent's limit lifted to let it
+    through). Before, the kept slices were rewritten at generation 2 and the create refused:
+    an incomplete pool, retried with a new generation each time. Now the new generation is
+    dry-run first: the pool of generation 1 stays as it was, the refusal is reported once."""
+    monkeypatch.setattr(model, "MAX_ATTRIBUTE_STRING", 1000)
+    plugins = Plugins()
+    plugins.send(_gpus(200))
+    async with publisher(gates_on, plugins, invalid_retry_interval=3600.0) as pub:
+        before = _versions(await _settled(pub, admin_on, 2))
+        writes, dry = pub.writes, metrics.DRY_RUNS.labels("error")._value.get()
+        plugins.send(_gpus(260, bad=259))
+
+        async def refused() -> bool:
+            return (DRIVER, NODE) in pub.invalid()
+
+        await until(refused, "the new generation refused")
+        await trio.sleep(1.0)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        assert pub.writes == writes
+        assert metrics.DRY_RUNS.labels("error")._value.get() == dry + 1
+        items = await node_slices(admin_on)
+        assert _versions(items) == before
+        assert {
+            (o["spec"]["pool"]["generation"], o["spec"]["pool"]["resourceSliceCount"])
+            for o in items
+        } == {(1, 2)}
+        assert "64 bytes" in pub.failing()[(DRIVER, NODE)]
+        # Fixed: the new generation is written whole.
+        plugins.send(_gpus(260))
+
+        async def grown() -> list[dict[str, Any]] | None:
+            got = await node_slices(admin_on)
+            return got if len(got) == 3 else None
+
+        got = await until(grown, "three slices")
+        await quiet(pub)
+        assert {o["spec"]["pool"]["generation"] for o in got} == {2}
+        assert pub.failing() == {}

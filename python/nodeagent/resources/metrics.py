@@ -59,6 +59,12 @@ QUEUE_DEPTH = Gauge(
     "nodeagent_resourceslice_queue_depth",
     "Pools waiting for a sync (including those backing off after a failure).",
 )
+DRY_RUNS = Counter(
+    "nodeagent_resourceslice_dry_runs_total",
+    "Dry-run writes (dryRun=All) before a new pool generation's writes, by result (ok, "
+    "conflict, not_found, error): a slice the server refuses is found before any write.",
+    ["result"],
+)
 DESIRED_SLICES = Gauge(
     "nodeagent_resourceslice_desired_slices",
     "ResourceSlices the agent wants published, over all drivers and pools.",

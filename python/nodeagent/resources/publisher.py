@@ -109,6 +109,19 @@ class SliceWriter(Protocol):
         resource_version: str | None = None,
     ) -> bytes | None: ...
 
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        verb: str = "",
+        resource: str = "",
+        idempotent: bool = True,
+    ) -> bytes: ...
+
 
 def slices_query_args(node_name: str) -> dict[str, Any]:
     """Keyword arguments of the accumulator `Query` of this node's slices."""
@@ -282,6 +295,7 @@ class Publisher:
         # feature gate that likely dropped them.
         self._dropped: dict[PoolKey, dict[str, str]] = {}
         self._newly_dropped: dict[PoolKey, list[str]] = {}  # not yet reported
+        self._still_invalid = False  # the running sync only waited out a refusal
         # The pool being synced and the {name: resourceVersion} its own writes lead to: a
         # snapshot showing exactly that is no reason to sync it again.
         self._syncing: PoolKey | None = None
@@ -667,6 +681,7 @@ class Publisher:
             failed = False
             wait: float | None = None
             self._syncing, self._expected = key, self._observed_versions(key)
+            self._still_invalid = False
             try:
                 wait = await self._sync(key)
             except PoolRefused as exc:
@@ -690,7 +705,7 @@ class Publisher:
                 log.exception("resourceslice sync raised", driver=key[0], pool=key[1])
                 self._fail(key, "error", f"unexpected error: {exc!r}")
             else:
-                if key not in self._stale:
+                if key not in self._stale and not self._still_invalid:
                     self._recovered(key)
             finally:
                 self._syncing, self._expected = None, {}
@@ -827,6 +842,7 @@ class Publisher:
             now = trio.current_time()
             if refused is self._desired.get(key) and now < until:
                 metrics.SYNCS.labels("deferred").inc()
+                self._still_invalid = True
                 return until - now
         state = self._tracker.drivers.get(key[0])
         if state is not None and state.registered and state.inventory is None:
@@ -879,20 +895,31 @@ class Publisher:
             return
         assert desired is not None or not (updates or creates)
         count = len(desired.specs) if desired else 0
+        bodies = [
+            self._body(
+                "update", driver, desired.specs[i], pool, generation, count, ordered[j], name, rv
+            )
+            for j, i, name, rv in updates
+            if desired is not None
+        ] + [
+            self._body("create", driver, desired.specs[i], pool, generation, count)
+            for i in creates
+            if desired is not None
+        ]
+        if len(bodies) > 1:
+            # More than one write means a new generation: the pool is complete again only
+            # once all of them are done. A slice the server refuses, found after the first
+            # writes, would leave the pool incomplete and every device in it unallocatable;
+            # found by a dry run, it leaves the last complete pool published.
+            for verb, body, _ in bodies:
+                await self._dry_run(verb, body)
         try:
             for _, name, uid_, rv in deletes:
                 await self._delete(name, uid_, rv)
             for seen in reown:
                 await self._reown(seen)
-            for j, i, name, rv in updates:
-                assert desired is not None
-                spec = desired.specs[i]
-                await self._write(
-                    "update", driver, spec, pool, generation, count, ordered[j], name, rv
-                )
-            for i in creates:
-                assert desired is not None
-                await self._write("create", driver, desired.specs[i], pool, generation, count)
+            for verb, body, spec_bytes in bodies:
+                await self._write(verb, driver, pool, body, spec_bytes)
         finally:
             self._report_dropped(key)
             # Plan the next sync of any pool against our own writes, never a stale snapshot.
@@ -972,7 +999,7 @@ class Publisher:
         metrics.REOWNED.inc()
         self._wrote(answer, seen.prepared.name)
 
-    async def _write(
+    def _body(
         self,
         verb: str,
         driver: str,
@@ -983,8 +1010,8 @@ class Publisher:
         observed: _Seen | None = None,
         name: str = "",
         rv: str = "",
-    ) -> None:
-        assert self._client is not None
+    ) -> tuple[str, dict[str, Any], bytes]:
+        """(verb, the object to send, the desired spec it carries)."""
         # The full desired spec, never the server's stripped form: a write coming back whole
         # is how a feature gate turned on shows.
         spec = _spec_only.decode(spec_bytes)
@@ -995,7 +1022,39 @@ class Publisher:
         else:
             meta["name"] = name
             meta["resourceVersion"] = rv
-        body = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
+        return (
+            verb,
+            {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec},
+            spec_bytes,
+        )
+
+    async def _dry_run(self, verb: str, body: dict[str, Any]) -> None:
+        """The write validated and admitted by the server, nothing stored (`dryRun=All`)."""
+        assert self._client is not None
+        name = body["metadata"].get("name")
+        try:
+            await self._client.request(
+                "POST" if verb == "create" else "PUT",
+                RESOURCESLICES.path(None, name if verb != "create" else None),
+                params={"dryRun": "All"},
+                body=msgspec.json.encode(body),
+                content_type="application/json",
+                # Not a write: the API request metrics keep it apart from real ones.
+                verb=f"dryrun_{verb}",
+                resource=RESOURCESLICES.plural,
+                idempotent=True,
+            )
+        except ApiError as exc:
+            metrics.DRY_RUNS.labels(_result(exc)).inc()
+            raise
+        metrics.DRY_RUNS.labels("ok").inc()
+
+    async def _write(
+        self, verb: str, driver: str, pool: str, body: dict[str, Any], spec_bytes: bytes
+    ) -> None:
+        assert self._client is not None
+        spec = body["spec"]
+        name = body["metadata"].get("name", "")
         try:
             if verb == "create":
                 answer = await self._client.create(RESOURCESLICES, body)

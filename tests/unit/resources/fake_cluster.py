@@ -31,6 +31,7 @@ class FakeCluster:
         # Queries whose state is not known (the accumulator's statuses(), known ones left out).
         self.unknown: dict[str, QueryStatus] = {}
         self.events: list[dict[str, Any]] = []  # core/v1 Events created, with their namespace
+        self.dry_runs: list[tuple[str, str]] = []  # (verb, name) of dryRun=All writes
         self.raw: dict[str, bytes] = {}  # objects shown verbatim in snapshots
         self._rv = itertools.count(100)
         self._names = itertools.count(1)
@@ -136,6 +137,29 @@ class FakeCluster:
         del self.objects[name]
         self._bump()
         return None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Any = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        verb: str = "",
+        resource: str = "",
+        idempotent: bool = True,
+    ) -> bytes:
+        """Dry-run writes only (the publisher's other calls use create/update/delete): the
+        `reject` hook decides, nothing is stored."""
+        assert params == {"dryRun": "All"} and body is not None, (method, path, params)
+        obj = msgspec.json.decode(body)
+        verb = verb.removeprefix("dryrun_")
+        self.dry_runs.append((verb, obj["metadata"].get("name", "")))
+        exc = self.reject(verb, obj)
+        if exc is not None:
+            raise exc
+        return body
 
     # -- SliceSource -----------------------------------------------------------------------
 

@@ -68,3 +68,38 @@ async def test_dropped_fields_are_reported_once_per_pool_and_field(autojump_cloc
         plugins.send(inventory(3, taints=True, memory="2Gi", pools=("a",)))
         await settle()
         assert pub.dropped() == {}
+
+
+async def test_a_refused_slice_of_a_new_generation_leaves_the_last_complete_pool(
+    autojump_clock: Any,
+) -> None:
+    """Issue 20: the pool grows from 200 to 260 devices, the server refuses the new last slice.
+    Writes went update, update, create: the kept slices were rewritten at generation 2, the
+    create refused, the pool incomplete (and each retry bumped the generation again). The
+    writes are dry-run first: nothing is written, the pool of generation 1 stays whole."""
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins) as pub:
+        plugins.send(inventory(200))
+        await settle()
+        before = {n: o["metadata"]["resourceVersion"] for n, o in cluster.objects.items()}
+        assert len(before) == 2
+        cluster.reject = lambda verb, obj: (
+            Invalid(422, "Invalid", "Too long: may not be more than 64 bytes")
+            if any(d["name"] == "gpu-259" for d in obj["spec"].get("devices", []))
+            else None
+        )
+        writes, dry = len(cluster.writes()), len(cluster.dry_runs)
+        plugins.send(inventory(260))
+        await trio.sleep(60)
+        assert len(cluster.writes()) == writes  # no real write at all
+        assert {n: o["metadata"]["resourceVersion"] for n, o in cluster.objects.items()} == before
+        assert {o["spec"]["pool"]["generation"] for o in cluster.objects.values()} == {1}
+        assert pub.invalid() == {POOL}
+        # Dry-run once (update, update, create: stopped at the refused create), not in a loop.
+        assert [v for v, _ in cluster.dry_runs[dry:]] == ["update", "update", "create"]
+        assert [e["reason"] for e in cluster.events] == ["ResourceSlicePoolInvalid"]
+        cluster.reject = lambda verb, obj: None
+        plugins.send(inventory(261))
+        await settle()
+        assert {o["spec"]["pool"]["generation"] for o in cluster.objects.values()} == {2}
+        assert len(cluster.objects) == 3 and pub.failing() == {}
