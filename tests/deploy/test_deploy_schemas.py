@@ -15,9 +15,10 @@ import pytest
 
 import nodeagent
 from tests.deploy.manifests import all_manifest_files, daemonset_container
+from tests.support.apiserver import newest_release
 from tests.support.crds import REPO_ROOT, load_manifest
 
-GO_MOD = REPO_ROOT / "tests" / "apiserver" / "go.mod"
+GO_MOD = REPO_ROOT / "tests" / "apiserver" / "releases" / newest_release() / "go.mod"
 
 
 def harness_version() -> str:
@@ -35,7 +36,7 @@ DOCS = [
 
 
 def test_the_schemas_are_the_harness_version() -> None:
-    assert harness_version() == "1.35.0"
+    assert harness_version() == "1.37.0"
 
 
 @pytest.mark.parametrize("doc", DOCS)
