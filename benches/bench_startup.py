@@ -46,7 +46,7 @@ async def main(registry_dir, count):
             plugin = await stack.enter_async_context(
                 ReporterPlugin.serve(name=f"bench-{i}", registry_dir=registry_dir, bridge=bridge)
             )
-            plugin.report([ReportItem(group="node.katalyst.kubewharf.io", version="v1alpha1",
+            await plugin.report([ReportItem(group="node.katalyst.kubewharf.io", version="v1alpha1",
                                       kind="CustomNodeResource", field_type="Status",
                                       field_name="resources", value={"cpu": i})])
         print("serving", flush=True)

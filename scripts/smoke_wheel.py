@@ -6,7 +6,10 @@ editable tree), then
   - `nodeagent --version` prints the wheel's version, which is rust/Cargo.toml's;
   - `nodeagent check-config` prints the defaults (exit 0) and names a bad field (exit 2);
   - `nodeagent run` standalone reaches READY=1 on a notify socket and /readyz answers 200, and
-    SIGTERM stops it cleanly (STOPPING=1, exit 0, no traceback).
+    SIGTERM stops it cleanly (STOPPING=1, exit 0, no traceback);
+  - the plugin path on that interpreter: an SDK reporter plugin served and dialled through the
+    gRPC bridge (GetInfo, a registration status, a list-and-watch stream), and neither
+    trio-asyncio nor greenlet in the venv.
 For every `--refused` interpreter pip must refuse the wheel with its Requires-Python message.
 With `--emulated`, `--python` is another architecture's interpreter run under qemu-user: the
 extension's results and the standalone run are checked there. With `--run-script-clone`,
@@ -41,6 +44,44 @@ assert n.quantity_parse("1500m") == (1500000000, "DecimalSI")
 assert n.quantity_canonical("2048Mi") == "2Gi"
 assert n.quantity_cmp("1Gi", "1G") > 0
 print("ok")
+"""
+# The gRPC bridge both ways (the SDK serving, the agent's side dialling) in one process.
+BRIDGE_CHECK = """
+import importlib.util, sys, tempfile, trio
+from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc, api_pb2 as reg
+from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc, api_pb2 as rep
+from nodeagent.rpc import open_grpc_bridge
+from nodeagent.sdk import ReporterPlugin, ReportItem
+
+assert importlib.util.find_spec("trio_asyncio") is None, "trio-asyncio installed"
+assert importlib.util.find_spec("greenlet") is None, "greenlet installed"
+
+async def main(directory):
+    item = ReportItem(group="g", version="v1alpha1", kind="K", field_type="Status",
+                      field_name="f", value={"n": 1})
+    with trio.fail_after(30):
+        async with open_grpc_bridge() as bridge, ReporterPlugin.serve(
+            name="smoke", registry_dir=directory, bridge=bridge
+        ) as plugin, bridge.channel(plugin.socket_path) as channel:
+            await plugin.report([item])
+            info = await bridge.unary(
+                channel.stub(reg_grpc.RegistrationStub).GetInfo, reg.InfoRequest(), timeout=5
+            )
+            assert (info.type, info.name) == ("ReporterPlugin", "smoke"), info
+            await bridge.unary(
+                channel.stub(reg_grpc.RegistrationStub).NotifyRegistrationStatus,
+                reg.RegistrationStatus(plugin_registered=True), timeout=5,
+            )
+            assert plugin.registered
+            method = channel.stub(rep_grpc.ReporterPluginStub).ListAndWatchReportContent
+            async with bridge.server_stream(method, rep.Empty()) as replies:
+                async for message in replies:
+                    assert message.content[0].field[0].fieldName == "f", message
+                    break
+    print("ok")
+
+with tempfile.TemporaryDirectory(prefix="na-smoke-") as directory:
+    trio.run(main, directory)
 """
 STOP_TIMEOUT = 30.0
 INSTALL_TIMEOUT = 900.0  # scripts/run's first start builds the Rust extension
@@ -214,6 +255,8 @@ def smoke(tools_python: str, python: str, wheel: Path, version: str, emulated: b
             )
             checked = run([*nodeagent, "check-config", *state], env=env)
             expect(checked.returncode == 0 and "[agent]" in checked.stdout, "check-config", checked)
+            bridged = run([*interpreter, "-c", BRIDGE_CHECK], env=env)
+            expect(bridged.stdout.strip() == "ok", "an SDK plugin over the gRPC bridge", bridged)
             bad = ["--set", "plugins.scan_interval=fast"]
             checked = run([*nodeagent, "check-config", *state, *bad], env=env)
             expect(
@@ -226,7 +269,7 @@ def smoke(tools_python: str, python: str, wheel: Path, version: str, emulated: b
         to_ready = smoke_run([*nodeagent, "run"], work, env, timeout)
         logged = (work / "run.stderr").read_text()
         expect(f"version={version}" in logged, "run logs the version", logged)
-    checks = "the extension's results" if emulated else "--version, check-config"
+    checks = "the extension's results" if emulated else "--version, check-config, gRPC bridge"
     print(
         f"smoke: {wheel.name} on CPython {implementation.stdout.strip()} "
         f"({'emulated, ' if emulated else ''}{python}): installed, {checks}, "

@@ -65,7 +65,24 @@ def test_version_is_written_only_in_cargo_toml() -> None:
 
 
 def test_python_classifiers_match_requires_python() -> None:
-    assert _claimed_minors() == _allowed_minors() == {"3.11", "3.12", "3.13"}
+    assert _claimed_minors() == _allowed_minors() == {"3.11", "3.12", "3.13", "3.14", "3.15"}
+
+
+def test_the_first_minor_after_the_range_is_refused_by_requires_python() -> None:
+    # What pip checks before installing: scripts/smoke-wheel proves the refusal with a real
+    # interpreter when a Debian suite ships one (none ships 3.16 yet), this on the metadata.
+    spec = SpecifierSet(str(_project()["requires-python"]))
+    newest = max(int(minor.split(".")[1]) for minor in _claimed_minors())
+    assert Version(f"3.{newest}.99") in spec
+    for refused in (f"3.{newest + 1}.0", f"3.{newest + 1}.0rc1", "3.10.12"):
+        assert not spec.contains(refused, prereleases=True), refused
+
+
+def test_trio_asyncio_and_greenlet_are_not_dependencies() -> None:
+    # trio-asyncio does not import on CPython >= 3.14; the bridge needs neither it nor greenlet.
+    requires = importlib.metadata.requires("nodeagent") or []
+    names = {re.split(r"[ ;<>=!~\[]", r, maxsplit=1)[0].lower() for r in requires}
+    assert not names & {"trio-asyncio", "trio_asyncio", "greenlet"}, requires
 
 
 def test_run_script_accepts_exactly_the_claimed_pythons() -> None:
