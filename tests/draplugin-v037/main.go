@@ -21,6 +21,9 @@
 //
 //	RegistrationStatus: registered=true error=""
 //
+// --rolling-update-uid turns on the helper's rolling updates (two instances of one driver at once,
+// each with its own sockets, sharing --plugin-data-dir).
+//
 // --devices is a JSON list of resource.k8s.io/v1 Device objects (decoded strictly); SIGHUP
 // re-reads it and publishes it ("SIGHUP: devices republished"). SIGTERM or SIGINT stops the
 // helper (it removes both sockets, its slices stay) and exits 0. Logs go to stderr (klog).
@@ -155,6 +158,7 @@ func main() {
 	pool := flag.String("pool", "", "pool name (default: the node name)")
 	devicesFile := flag.String("devices", "", "JSON file: list of resource.k8s.io/v1 Device objects (required)")
 	registrationTimeout := flag.Duration("registration-timeout", 30*time.Second, "exit 1 if not registered within this time")
+	rollingUpdateUID := flag.String("rolling-update-uid", "", "enable the helper's rolling updates with this pod UID (sockets <driver>-<uid>-reg.sock and dra-<uid>.sock)")
 	flag.Parse()
 	if *driverName == "" || *kubeconfig == "" || *nodeName == "" || *devicesFile == "" {
 		fmt.Fprintln(os.Stderr, "draplugin-v037: --driver, --kubeconfig, --node-name and --devices are required")
@@ -166,7 +170,7 @@ func main() {
 	if *pluginDataDir == "" {
 		*pluginDataDir = kubeletplugin.KubeletPluginsDir + "/" + *driverName
 	}
-	if err := run(*driverName, *kubeconfig, *nodeName, *registryDir, *pluginDataDir, *pool, *devicesFile, *registrationTimeout); err != nil {
+	if err := run(*driverName, *kubeconfig, *nodeName, *registryDir, *pluginDataDir, *pool, *devicesFile, *registrationTimeout, types.UID(*rollingUpdateUID)); err != nil {
 		klog.ErrorS(err, "draplugin-v037 failed")
 		klog.Flush()
 		os.Exit(1)
@@ -174,7 +178,7 @@ func main() {
 	klog.Flush()
 }
 
-func run(driverName, kubeconfig, nodeName, registryDir, pluginDataDir, pool, devicesFile string, registrationTimeout time.Duration) error {
+func run(driverName, kubeconfig, nodeName, registryDir, pluginDataDir, pool, devicesFile string, registrationTimeout time.Duration, rollingUpdateUID types.UID) error {
 	devices, err := readDevices(devicesFile)
 	if err != nil {
 		return err
@@ -206,6 +210,8 @@ func run(driverName, kubeconfig, nodeName, registryDir, pluginDataDir, pool, dev
 		kubeletplugin.RegistrarDirectoryPath(registryDir),
 		kubeletplugin.PluginDataDirectoryPath(pluginDataDir),
 		kubeletplugin.GRPCInterceptor(logRegistrationStatus),
+		// Empty: off (the helper's default socket names).
+		kubeletplugin.RollingUpdate(rollingUpdateUID),
 	)
 	if err != nil {
 		return fmt.Errorf("start helper: %w", err)

@@ -133,6 +133,11 @@ def deregistered(agent: AgentProcess, name: str) -> bool:
     return row is not None and row["state"] != "registered"
 
 
+def registered_sockets(agent: AgentProcess, name: str) -> list[str]:
+    rows: list[dict[str, Any]] = json.loads(agent.get("/v1/plugins")[1])
+    return [r["socket"] for r in rows if r["name"] == name and r["state"] == "registered"]
+
+
 def registered_row(agent: AgentProcess, name: str) -> dict[str, Any]:
     def check() -> dict[str, Any] | None:
         row = plugin_row(agent, name)
@@ -387,3 +392,49 @@ def test_a_driver_upgraded_from_the_v030_helper_to_v037_is_handed_over_without_a
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=15) == 0
     assert "refused" not in agent.stderr_text, agent.stderr_text[-4000:]
+
+
+@pytest.mark.usefixtures("node")
+def test_two_instances_of_a_v037_driver_in_a_rolling_update_are_both_told_registered(
+    apiserver: ApiServer, start_agent: StartAgent, dirs: KubeletDirs, tmp_path: Path
+) -> None:
+    # The helper's rolling updates (kubelet 1.33+): the new pod starts before the old one stops,
+    # each with sockets of its own, one name. A seed plugin would need a higher version; a
+    # self-publishing one registers beside the other, and neither is told "not registered".
+    agent = start_agent_for(start_agent, apiserver, dirs)
+    kubeconfig = apiserver.kubeconfig(NODE)
+    old = ModernDraPlugin.start(
+        MODERN, dirs, kubeconfig, NODE, DEVICES, rolling_update_uid="pod-a", workdir=tmp_path
+    )
+    new: ModernDraPlugin | None = None
+    try:
+        assert old.wait_notified() == Notification(True, "")
+        new = ModernDraPlugin.start(
+            MODERN, dirs, kubeconfig, NODE, DEVICES, rolling_update_uid="pod-b", workdir=tmp_path
+        )
+        assert new.wait_notified() == Notification(True, "")
+        assert new.registration_socket != old.registration_socket
+        rows = {
+            r["socket"]: r for r in json.loads(agent.get("/v1/plugins")[1]) if r["name"] == MODERN
+        }
+        assert set(rows) == {str(old.registration_socket), str(new.registration_socket)}
+        assert {r["state"] for r in rows.values()} == {"registered"}
+        assert rows[str(new.registration_socket)]["endpoint"] == str(new.endpoint)
+        # The old pod goes: the new one still serves the name, told nothing else.
+        assert old.stop() == 0
+        until(
+            lambda: registered_sockets(agent, MODERN) == [str(new.registration_socket)],
+            "only the new instance to be registered",
+        )
+        assert registered_row(agent, MODERN)["stream_state"] == "self-publishing"
+        only_registered(old)
+        only_registered(new)
+        modern = wait_devices(apiserver, MODERN, ["gpu-0", "gpu-1", "gpu-2"])
+        assert_the_drivers_own(modern)
+        assert new.stop() == 0
+    finally:
+        old.close()
+        if new is not None:
+            new.close()
+    agent.signal(signal.SIGTERM)
+    assert agent.wait(timeout=15) == 0

@@ -119,8 +119,10 @@ class ModernDraPlugin:
         log_path: pathlib.Path,
         proc: subprocess.Popen[bytes],
         log_file: TextIO,
+        rolling_update_uid: str = "",
     ) -> None:
         self.driver = driver
+        self.rolling_update_uid = rolling_update_uid
         self.dirs = dirs
         self.devices_path = devices_path
         self.log_path = log_path
@@ -129,11 +131,14 @@ class ModernDraPlugin:
 
     @property
     def registration_socket(self) -> pathlib.Path:
-        return self.dirs.registry / f"{self.driver}-reg.sock"
+        # With rolling updates, the helper's first choice (it fits: the test paths are short).
+        uid = f"-{self.rolling_update_uid}" if self.rolling_update_uid else ""
+        return self.dirs.registry / f"{self.driver}{uid}-reg.sock"
 
     @property
     def endpoint(self) -> pathlib.Path:
-        return self.dirs.plugins / self.driver / "dra.sock"
+        uid = f"-{self.rolling_update_uid}" if self.rolling_update_uid else ""
+        return self.dirs.plugins / self.driver / f"dra{uid}.sock"
 
     @classmethod
     def start(
@@ -145,16 +150,20 @@ class ModernDraPlugin:
         devices: Sequence[Mapping[str, Any]],
         *,
         pool: str | None = None,
+        rolling_update_uid: str = "",
         workdir: pathlib.Path | None = None,
         extra_args: Sequence[str] = (),
         timeout: float = START_TIMEOUT,
     ) -> ModernDraPlugin:
-        """Start the driver and return once both of its sockets exist."""
+        """Start the driver and return once both of its sockets exist. `rolling_update_uid`
+        turns on the helper's rolling updates (the pod UID: sockets of their own per instance,
+        one plugin data directory)."""
         binary = build_draplugin_v037()
         workdir = workdir or dirs.root
-        devices_path = workdir / f"{driver}-devices.json"
+        instance = f"{driver}{'-' + rolling_update_uid if rolling_update_uid else ''}"
+        devices_path = workdir / f"{instance}-devices.json"
         _write_json(devices_path, devices)
-        log_path = workdir / f"{driver}.log"
+        log_path = workdir / f"{instance}.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - closed by close()
         proc = subprocess.Popen(
             [
@@ -172,13 +181,14 @@ class ModernDraPlugin:
                 "--devices",
                 str(devices_path),
                 *(["--pool", pool] if pool is not None else []),
+                *(["--rolling-update-uid", rolling_update_uid] if rolling_update_uid else []),
                 *extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=log_file,
         )
-        plugin = cls(driver, dirs, devices_path, log_path, proc, log_file)
+        plugin = cls(driver, dirs, devices_path, log_path, proc, log_file, rolling_update_uid)
         _live.add(plugin)
         try:
             plugin._wait(
