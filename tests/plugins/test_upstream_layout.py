@@ -143,6 +143,10 @@ async def test_a_modern_self_publishing_driver_is_registered_and_left_alone(
             "self-publishing",
         )
         assert row["stream_restarts"] == 0 and row["stream_error"] == ""
+        assert manager.readiness() == (
+            True,
+            "1 plugins registered (1 self-publishing), 0 not registered",
+        )
         # Probed like any plugin, and nothing else: no stream, no error loop, nothing published.
         await service.wait_answered(4)
         assert len(service.statuses) == 1

@@ -248,6 +248,8 @@ def test_a_v037_driver_registers_as_self_publishing_and_its_slices_are_left_alon
 
         status = json.loads(first.get("/v1/status")[1])
         assert status["plugins"] == 2
+        (plugins,) = [c for c in status["components"] if c["name"] == "plugins"]
+        assert plugins["reason"] == "2 plugins registered (1 self-publishing), 0 not registered"
         assert [(p["driver"], p["pool"]) for p in status["resourceslices"]] == [(NATIVE, NODE)]
         out = subprocess.run(
             nodeagent_command("status", "--ops-address", first.ops_address),

@@ -17,15 +17,16 @@ import trio
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
-from nodeagent.plugins.dra import DraHandler
+from nodeagent.plugins.dra import DRA_PLUGIN_TYPE, DraHandler
 from nodeagent.plugins.executor import OperationExecutor
-from nodeagent.plugins.handler import PluginHandler, StreamingHandler
+from nodeagent.plugins.handler import PluginHandler, PluginValidationError, StreamingHandler
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.reconciler import Reconciler
 from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.plugins.security import UidCheck, allowed_uids_check
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginState, SocketIdentity
+from nodeagent.plugins.versions import dra_api
 from nodeagent.plugins.watcher import RegistryWatcher
 from nodeagent.rpc.bridge import GrpcBridge
 
@@ -170,7 +171,14 @@ class PluginManager:
         states = [r.state for r in self._caches.records.values()]
         registered = states.count(PluginState.REGISTERED)
         failing = len(states) - registered
-        return True, f"{registered} plugins registered, {failing} not registered"
+        # Drivers that publish their own slices: registered, yet nothing is published for them.
+        own = sum(
+            1
+            for r in self._caches.records.values()
+            if r.state is PluginState.REGISTERED and _self_publishing(r.plugin_type, r.versions)
+        )
+        publishing = f" ({own} self-publishing)" if own else ""
+        return True, f"{registered} plugins registered{publishing}, {failing} not registered"
 
     # -- composition -------------------------------------------------------------------------
 
@@ -218,3 +226,13 @@ class PluginManager:
         if owner != socket:
             stream["stream_state"] = f"replaced by {owner}"
         return stream
+
+
+def _self_publishing(plugin_type: str, versions: Sequence[str]) -> bool:
+    """A modern DRA driver (it lists the kubelet's DRAPlugin services) publishing its own slices."""
+    if plugin_type != DRA_PLUGIN_TYPE:
+        return False
+    try:
+        return dra_api(versions) == "kubelet-v1"
+    except PluginValidationError:
+        return False
