@@ -142,6 +142,7 @@ EXPORTS: dict[str, set[str]] = {
         "RpcError",
         "ServerStream",
         "open_grpc_bridge",
+        "run_in_trio",
     },
     "sdk": {
         "CounterConsumption",
