@@ -16,8 +16,9 @@ applies the grammar alone (format and suffix, not the value's range).
 Deliberate deviations from upstream, shared with the Rust implementation: DecimalSI and
 DecimalExponent values of magnitude 2^127 nanos (about 1.7e29) or more are rejected as out of
 range (BinarySI values are capped at 2^63-1 as upstream does); exponents must fit an int32
-(upstream truncates them silently); DecimalSI values beyond the `E` suffix keep `E` (upstream
-drops the suffix, which changes the value).
+(upstream truncates them silently); DecimalSI values from 1000E (10^21) are spelled with an
+exponent (`1e21`), as upstream would store them whole (its own DecimalSI spelling drops the suffix
+beyond E, which changes the value: `1000E` is stored as `1`).
 """
 
 from __future__ import annotations
@@ -292,11 +293,10 @@ def _format(q: Quantity, fmt: Format) -> str:
     while exp % 3:
         mantissa *= 10
         exp -= 1
-    if fmt is Format.DECIMAL_EXPONENT:
+    if fmt is Format.DECIMAL_EXPONENT or exp > 18:
+        # Beyond E a suffix would not exist: kube-apiserver drops it and stores another value
+        # (1000E is stored as 1), so such a value is spelled with an exponent, stored as sent.
         return f"{sign}{mantissa}" + (f"e{exp}" if exp else "")
-    while exp > 18:
-        mantissa *= 1000
-        exp -= 3
     return f"{sign}{mantissa}{_DEC_BY_EXP[exp]}"
 
 

@@ -5,8 +5,9 @@
 //! precision, and |v| < 1.7e29 covers every quantity a device can carry. Deliberate deviations,
 //! shared with the Python reference: larger DecimalSI/DecimalExponent values are rejected as out
 //! of range (BinarySI ones are capped at 2^63-1 as upstream does), exponents must fit an i32
-//! (upstream silently truncates them), and DecimalSI values beyond `E` keep the `E` suffix
-//! (upstream drops the suffix, changing the value).
+//! (upstream silently truncates them), and DecimalSI values from 1000E are spelled with an
+//! exponent (`1e21`; upstream drops the suffix beyond `E`, changing the value: `1000E` is stored
+//! as `1`, while `1e21` is stored as sent).
 
 use std::cmp::Ordering;
 
@@ -336,16 +337,14 @@ fn canonical_as(q: &Quantity, format: Format) -> String {
         m *= 10;
         e -= 1;
     }
-    if format == Format::DecimalExponent {
+    if format == Format::DecimalExponent || e > 18 {
+        // Beyond E a suffix would not exist: kube-apiserver drops it and stores another value
+        // (1000E is stored as 1), so such a value is spelled with an exponent, stored as sent.
         return if e == 0 {
             m.to_string()
         } else {
             format!("{m}e{e}")
         };
-    }
-    while e > 18 {
-        m *= 1000;
-        e -= 3;
     }
     let suffix = DEC_SUFFIXES
         .iter()
@@ -378,7 +377,9 @@ mod tests {
             ("-1.5", "-1500m"),
             (".000000000001Ki", "2n"),
             ("8Ei", "9223372036854775807"),
-            ("1000E", "1000E"),
+            ("1000E", "1e21"),
+            ("1500E", "1500E"),
+            ("-2000E", "-2e21"),
         ] {
             assert_eq!(canon(i), o, "{i}");
         }
