@@ -431,6 +431,8 @@ class FaultEnv:
             if e.get("verb") in WRITE_VERBS
             and e.get("stage") == "ResponseComplete"
             and e.get("objectRef", {}).get("resource") == "resourceslices"
+            # The publisher's dry runs before a new pool generation store nothing.
+            and "dryRun=" not in e.get("requestURI", "")
         )
 
     def other_writes(self, since: float) -> int:
