@@ -854,6 +854,10 @@ class Publisher:
         if self._taken_over(key):
             # What we wrote describes the plugin that left, beside its successor's slices: it
             # goes now (a grace is for a plugin that may come back, not for a handed-over pool).
+            # After a restart the plugin is not known to have left: the start-up grace holds.
+            if state is None and trio.current_time() < self._deletion_deadline(None):
+                metrics.SYNCS.labels("deferred").inc()
+                return self._deletion_deadline(None) - trio.current_time()
             if self._observed.get(key):
                 log.info(
                     "resourceslice pool taken over by another publisher; deleting ours",

@@ -84,3 +84,26 @@ async def test_a_disconnected_plugin_with_no_successor_keeps_its_grace(
         assert ours in cluster.objects
         await trio.sleep(2)
         assert list(cluster.objects) == ["someone-elses-slice"]
+
+
+async def test_after_a_restart_a_taken_over_pool_waits_for_the_startup_grace(
+    autojump_clock: Any,
+) -> None:
+    # The agent restarts: its old slice and a successor's slice share the pool, and the plugin
+    # has not registered (yet). It may still come back within the start-up grace, so nothing is
+    # deleted before it ends; nothing is refused either. Then the pool is handed over.
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins, startup_grace=0.0):
+        plugins.send(inventory(3))
+        await settle()
+    (ours,) = cluster.objects
+    successor = cluster.put_external(foreign_slice())
+    writes = len(cluster.writes())
+    async with running(cluster, Plugins(), startup_grace=30.0) as pub:
+        await trio.sleep(29)
+        assert set(cluster.objects) == {ours, "someone-elses-slice"}
+        assert pub.failing() == {} and pub.refused() == set()
+        await trio.sleep(2)
+        assert cluster.objects == {"someone-elses-slice": successor}
+        assert [c[0] for c in cluster.writes()[writes:]] == ["delete"]
+        assert [e for e in cluster.events if e["reason"] == "ResourceSlicePoolConflict"] == []
