@@ -541,11 +541,19 @@ class Publisher:
         assert self._slices is not None
         if not self._slices.update(self._snapshot):
             return
+        syncing = self._syncing
+        # A foreign slice is never the sync's own write, even when it arrives in the same
+        # snapshot as the sync's writes or while they are in flight (issue 20: taken for ours,
+        # its pool was published beside it).
+        foreign = self._foreign.get(syncing) if syncing is not None else None
         changed = self._regroup()
         if self._refresh_node():
             changed |= set(self._desired) | set(self._observed)
-        syncing = self._syncing
-        if syncing in changed and self._observed_versions(syncing) == self._expected:
+        if (
+            syncing in changed
+            and self._observed_versions(syncing) == self._expected
+            and self._foreign.get(syncing) == foreign
+        ):
             changed.discard(syncing)  # only the sync's own writes: no reason to run again
         for key in changed:
             self._queue.add(key)
@@ -823,7 +831,15 @@ class Publisher:
             # rebuilt slices queue the pool again.
             metrics.SYNCS.labels("deferred").inc()
             return None
-        held, again = self._hold(key)
+        try:
+            held, again = self._hold(key)
+        except PoolRefused:
+            if self._observed.get(key):
+                # Two publishers of one pool: each slice claims a count the other breaks, and
+                # a scheduler reading it sees devices that may not exist. Theirs stay; ours go
+                # now (no grace: our plugin is still there, the pool is just not ours to write).
+                await self._plan_and_write(key, None)
+            raise
         if held:
             metrics.SYNCS.labels("deferred").inc()
             return again
