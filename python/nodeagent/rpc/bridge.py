@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import inspect
 import threading
 import weakref
@@ -128,15 +129,16 @@ class _Inbox:
         self._room: asyncio.Future[None] | None = None
 
     # -- asyncio side
-    def push(self, item: Any) -> asyncio.Future[None] | None:
-        """Queue `item`; returns a future to await before reading more when the buffer is full."""
+    def push(self, item: Any, *, last: bool = False) -> asyncio.Future[None] | None:
+        """Queue `item`; returns a future to await before reading more when the buffer is full
+        (never for the `last` item: nothing reads after it)."""
         with self._lock:
             self._items.append(item)
             wake = self._waiter is not None and not self._wake_posted
             if wake:
                 self._wake_posted = True
             room = None
-            if len(self._items) >= _STREAM_BUFFER:
+            if not last and len(self._items) >= _STREAM_BUFFER:
                 room = self._room = self._bridge._loop.create_future()
         if wake:
             self._bridge._to_trio(self._wake)
@@ -365,7 +367,7 @@ class GrpcBridge:
                         if message is None:
                             # End of stream: only the trailers tell a clean end from a failure.
                             await stream.recv_trailing_metadata()
-                            inbox.push(_END)
+                            inbox.push(_END, last=True)
                             return
                         room = inbox.push(message)
                         if room is not None:
@@ -508,11 +510,11 @@ async def _close_channel(channel: Channel) -> None:
 
 def _pump_done(task: asyncio.Task[None], inbox: _Inbox, grpc: Any) -> None:
     if task.cancelled():
-        inbox.push(RpcError("CANCELLED", "stream cancelled on the gRPC side"))
+        inbox.push(RpcError("CANCELLED", "stream cancelled on the gRPC side"), last=True)
         return
     exc = task.exception()
     if exc is not None:
-        inbox.push(grpc.to_rpc_error(exc))
+        inbox.push(grpc.to_rpc_error(exc), last=True)
 
 
 def _run_loop(loop: asyncio.AbstractEventLoop, stopped: Callable[[], None]) -> None:
@@ -561,7 +563,8 @@ async def open_grpc_bridge() -> AsyncIterator[GrpcBridge]:
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True):
-            loop.call_soon_threadsafe(lambda: loop.create_task(_shutdown_loop()))
+            with contextlib.suppress(RuntimeError):  # the loop already stopped (it never should)
+                loop.call_soon_threadsafe(lambda: loop.create_task(_shutdown_loop()))
             with trio.move_on_after(2 * _CLOSE_TIMEOUT):
                 await stopped.wait()
             if stopped.is_set():

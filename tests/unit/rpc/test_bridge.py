@@ -36,7 +36,8 @@ from nodeagent.rpc import (
     open_grpc_bridge,
     run_in_trio,
 )
-from nodeagent.rpc.bridge import _CLOSE_TIMEOUT
+from nodeagent.rpc.bridge import _CLOSE_TIMEOUT, _STREAM_BUFFER
+from nodeagent.sdk import ReporterPlugin, ReportItem
 
 STREAMS = 200
 
@@ -369,3 +370,73 @@ async def test_run_in_trio_needs_a_bridge_loop() -> None:
 
     with pytest.raises(RuntimeError, match="bridge"):
         await trio.to_thread.run_sync(asyncio.run, outside())
+
+
+class Flood(rep_grpc.ReporterPluginBase):
+    async def GetReportContent(self, stream: Stream[Any, Any]) -> None:
+        raise NotImplementedError
+
+    async def ListAndWatchReportContent(self, stream: Stream[Any, Any]) -> None:
+        await stream.recv_message()
+        for i in range(FLOOD):
+            await stream.send_message(report(f"m{i}"))
+
+
+FLOOD = 1000
+
+
+async def test_a_flood_is_read_ahead_a_bounded_batch_at_a_time_in_order(
+    bridge: GrpcBridge, directory: str
+) -> None:
+    path = os.path.join(directory, "p.sock")
+    async with bridge.serve([Flood()], path), bridge.channel(path) as channel:
+        stub = channel.stub(rep_grpc.ReporterPluginStub)
+        async with bridge.server_stream(stub.ListAndWatchReportContent, rep.Empty()) as replies:
+            seen: list[str] = []
+            most = 0
+            async for message in replies:
+                seen.append(message.content[0].field[0].fieldName)
+                most = max(most, len(replies._inbox._items))
+                if len(seen) % 100 == 0:
+                    # A slow consumer: the pump fills its buffer and waits (flow control then
+                    # holds the plugin back) rather than reading the whole flood into memory.
+                    await bridge.run_asyncio(_loop_turns, 50)
+    assert seen == [f"m{i}" for i in range(FLOOD)]
+    assert most <= _STREAM_BUFFER
+
+
+async def _loop_turns(count: int) -> None:
+    for _ in range(count):
+        await asyncio.sleep(0)
+
+
+async def test_an_sdk_plugin_serves_on_a_bridge_of_its_own(directory: str) -> None:
+    # The SDK's serving side (its own bridge when none is given) against the agent's side.
+    threads = threading.active_count()
+    item = ReportItem(
+        group="g", version="v1alpha1", kind="K", field_type="Status", field_name="f", value=1
+    )
+    with trio.fail_after(10):
+        async with (
+            open_grpc_bridge() as agent,
+            ReporterPlugin.serve(name="sdk", registry_dir=directory) as plugin,
+            agent.channel(plugin.socket_path) as channel,
+        ):
+            assert threading.active_count() == threads + 2  # two bridges, two loop threads
+            registration = channel.stub(reg_grpc.RegistrationStub)
+            info = await agent.unary(registration.GetInfo, reg.InfoRequest(), timeout=5)
+            assert (info.type, info.name) == ("ReporterPlugin", "sdk")
+            await agent.unary(
+                registration.NotifyRegistrationStatus,
+                reg.RegistrationStatus(plugin_registered=True),
+                timeout=5,
+            )
+            assert plugin.registered  # set in Trio before the reply was sent
+            await plugin.report([item])
+            method = channel.stub(rep_grpc.ReporterPluginStub).ListAndWatchReportContent
+            async with agent.server_stream(method, rep.Empty()) as replies:
+                async for message in replies:
+                    assert message.content[0].field[0].fieldName == "f"
+                    break
+    assert threading.active_count() == threads
+    assert not await trio.Path(plugin.socket_path).exists()
