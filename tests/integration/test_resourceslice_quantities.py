@@ -25,8 +25,7 @@ from nodeagent.resources.model import (
     Pool,
     desired_slices,
 )
-from tests.integration.test_resourceslice_gates import _start
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +35,8 @@ SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    srv = _start(tmp_path_factory.mktemp("quantities"), True)
+    # The newest release: quantities are not behind any gate.
+    srv = start_apiserver(tmp_path_factory.mktemp("quantities"), release=newest_release())
     try:
         yield srv
     finally:

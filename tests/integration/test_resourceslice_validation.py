@@ -2,8 +2,9 @@
 rules: hypothesis generates pools near every limit of the resource.k8s.io/v1 device model (names,
 64-byte strings in multi-byte text, attribute counts, taints, counter sets and consumption) and
 each verdict of `validate_inventory` is compared with dry-run creates (`?dryRun=All`) of the
-pool's slices, laid out as the publisher lays them out, on a kube-apiserver with the DRA feature
-gates on (an invalid inventory is sent as is, uncanonicalised).
+pool's slices, laid out as the publisher lays them out, on kube-apiservers with the DRA feature
+gates on: the newest release (every DRA gate) and 1.35 (an invalid inventory is sent as is,
+uncanonicalised).
 
 Not generated, as the agent is deliberately stricter there (README): consumption of a counter set
 or counter the pool does not publish, qualified names with two slashes, quantities the agent
@@ -34,7 +35,7 @@ from nodeagent.resources.model import (
     Pool,
 )
 from tests.integration.test_resourceslice_gates import _start
-from tests.support.apiserver import ApiServer
+from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +44,17 @@ NODE = "node-a"
 PATH = "/apis/resource.k8s.io/v1/resourceslices?dryRun=All"
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    srv = _start(tmp_path_factory.mktemp("validation"), True)
+@pytest.fixture(scope="module", params=["newest-all-dra", "1.35-gates"])
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiServer]:
+    """The newest release with every DRA gate on (its validation is the one to match), and the
+    oldest with the gates of the fields generated here."""
+    workdir = tmp_path_factory.mktemp("validation")
+    if request.param == "1.35-gates":
+        srv = _start(workdir, True)
+    else:
+        srv = start_apiserver(workdir, release=newest_release(), gates="all-dra")
     try:
         yield srv
     finally:
