@@ -685,6 +685,10 @@ class Publisher:
     async def _worker(self) -> None:
         while True:
             key = await self._queue.get()
+            # The accumulator offers a change at most once per notification interval (1 s): a
+            # slice another writer made just before is seen before this sync writes (issue 20),
+            # not after.
+            self._refresh_observed()
             t0 = time.perf_counter()
             failed = False
             wait: float | None = None
