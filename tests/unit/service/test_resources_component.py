@@ -148,3 +148,36 @@ async def test_readiness_counts_without_building_the_slices(
             "standalone: 1 drivers, 1 pools, 2 slices desired, not written",
         )
         nursery.cancel_scope.cancel()
+
+
+def test_status_names_the_dropped_fields_and_a_refused_pool() -> None:
+    from nodeagent.service.status import render
+
+    rows = [
+        {
+            "driver": "gpu.example.com",
+            "pool": "node-a",
+            "slices": 2,
+            "devices": 4,
+            "registered": True,
+            "last_error": "",
+            "dropped_fields": ["devices.taints (DRADeviceTaints)", "sharedCounters (X)"],
+        },
+        {
+            "driver": "nic.example.com",
+            "pool": "node-a",
+            "slices": 1,
+            "devices": 1,
+            "registered": True,
+            "last_error": "the API server refuses pool node-a (422 Invalid): Too long",
+            "dropped_fields": [],
+        },
+    ]
+    status = {"version": "0", "node": "n", "mode": "cluster", "resourceslices": rows}
+    text = render(status, [])
+    assert (
+        "  pool node-a of gpu.example.com: the cluster drops devices.taints (DRADeviceTaints), "
+        "sharedCounters (X)"
+    ) in text.splitlines()
+    assert "the API server refuses pool node-a (422 Invalid): Too long" in text
+    assert "nic.example.com: the cluster drops" not in text
