@@ -42,11 +42,18 @@ class WatchedCluster(FakeCluster):
         self.hidden: set[str] = set()
         self.sent: Hook | None = None
         self.stored: Hook | None = None
+        self.offer = True  # False: changes reach the view without waking its reader
 
     def put_external(self, obj: dict[str, Any], *, delivered: bool = True) -> dict[str, Any]:
         if not delivered:
             self.hidden.add(obj["metadata"]["name"])
         return super().put_external(obj)
+
+    def _bump(self) -> None:
+        if self.offer:
+            super()._bump()
+        else:
+            self._version += 1
 
     def deliver(self) -> None:
         self.hidden.clear()
@@ -211,6 +218,20 @@ async def test_appearing_in_a_pool_published_for_long(autojump_clock: Any) -> No
         assert cluster.objects[ours]["spec"]["devices"][0]["capacity"]["memory"]["value"] == "1Gi"
         assert pub.failing() == {} and value(metrics.REFUSED_POOLS) == 0
         assert value(metrics.SYNCS.labels("refused")) > refused
+
+
+async def test_seen_by_the_watch_but_not_yet_offered(autojump_clock: Any) -> None:
+    """The watch has the foreign slice, the accumulator has not offered the change yet (it
+    offers at most once per second): the sync takes the newest view first, so the pool is
+    refused with no write at all."""
+    cluster, plugins = WatchedCluster(), Plugins()
+    async with running(cluster, plugins, startup_grace=0.0) as pub:
+        cluster.offer = False  # in the accumulator's view, no offer (no wake-up) yet
+        cluster.put_external(foreign_slice())
+        plugins.send(inventory(3))
+        await quiet(pub)
+        assert cluster.writes() == []
+        assert POOL in pub.refused()
 
 
 @pytest.mark.parametrize("where", ["sent", "stored"])
