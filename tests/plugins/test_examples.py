@@ -29,6 +29,7 @@ def _sockets(directory: str) -> list[Path]:
         ("cpu_reporter.py", ["--interval", "0.1"], "ReporterPlugin", "cpu-reporter"),
         ("dra_device_plugin.py", ["--separate-endpoint"], "DRAPlugin", "accel.example.com"),
         ("dra_device_plugin.py", ["--seed"], "DRAPlugin", "accel.example.com"),
+        ("dra_device_plugin.py", ["--consumable"], "DRAPlugin", "accel.example.com"),
     ],
 )
 async def test_example_plugin_runs_registers_and_stops_cleanly(
@@ -62,6 +63,10 @@ async def test_example_plugin_runs_registers_and_stops_cleanly(
             (pool,) = message.pools
             assert [d.name for d in pool.devices] == [f"accel-{i}" for i in range(4)]
             assert pool.devices[0].capacity["memory"].value == "16Gi"
+            if "--consumable" in args:
+                assert pool.devices[0].allow_multiple_allocations
+                policy = pool.devices[0].capacity["memory"].request_policy
+                assert (policy.default, policy.valid_range.step) == ("1Gi", "1Gi")
         process.send_signal(signal.SIGTERM)
         with trio.fail_after(WAIT):
             assert await process.wait() == 0
