@@ -421,3 +421,33 @@ async def test_a_refused_new_generation_leaves_the_complete_pool_published(
         await quiet(pub)
         assert {o["spec"]["pool"]["generation"] for o in got} == {2}
         assert pub.failing() == {}
+
+
+async def test_a_restart_on_default_gates_makes_no_write(
+    gates_off: ApiServer, admin_off: KubeClient
+) -> None:
+    """The restarted agent sees slices without the fields its inventory has: a dry-run update
+    per such slice shows the server would store them as they are, so nothing is written and
+    the pool keeps its generation (before: both slices rewritten, generation 1 -> 2, on every
+    restart)."""
+    plugins = Plugins()
+    plugins.send(partitioned_gpu())
+    async with publisher(gates_off, plugins) as pub:
+        before = _versions(await _settled(pub, admin_off, 2))
+    dry = metrics.DRY_RUNS.labels("ok")._value.get()
+    async with publisher(gates_off, plugins, startup_grace=1.0) as pub2:
+        started = trio.current_time()
+        await quiet(pub2)
+        await trio.sleep_until(started + 1.0)
+        await trio.testing.wait_all_tasks_blocked(0.05)
+        await quiet(pub2)
+        assert pub2.writes == 0
+        assert metrics.DRY_RUNS.labels("ok")._value.get() == dry + 2
+        assert set(pub2.dropped()[(DRIVER, NODE)]) == {
+            "devices.consumesCounters",
+            "devices.taints",
+            "sharedCounters",
+        }
+    items = await node_slices(admin_off)
+    assert _versions(items) == before
+    assert {o["spec"]["pool"]["generation"] for o in items} == {1}

@@ -304,6 +304,8 @@ class Publisher:
         # behind disabled feature gates are dropped): planning against what the server keeps
         # stops an endless update loop. Only for current desired specs.
         self._server_form: dict[bytes, bytes] = {}
+        # Desired specs whose stored form the server has shown (by a write or a dry run).
+        self._form_known: set[bytes] = set()
         # Per driver: the desired pools its view was built from, and that view.
         self._views: dict[str, tuple[tuple[_Desired | None, ...], dict[str, Any]]] = {}
         # Drivers whose desired slices are being rebuilt in a worker thread: their inventory
@@ -525,10 +527,11 @@ class Publisher:
         return _Desired(specs, _native.prepare_desired(planned))
 
     def _prune_server_forms(self) -> None:
-        if self._server_form:
+        if self._server_form or self._form_known:
             current = {s for d in self._desired.values() for s in d.specs}
             for spec in [s for s in self._server_form if s not in current]:
                 del self._server_form[spec]
+            self._form_known &= current
 
     async def _watch_slices(self) -> None:
         assert self._slices is not None
@@ -912,6 +915,18 @@ class Publisher:
             desired.prepared if desired else [], [s.prepared for s in ordered]
         )
         metrics.PLAN_SECONDS.observe(time.perf_counter() - t0)
+        if (
+            desired is not None
+            and updates
+            and await self._learn_forms(key, desired, updates, ordered)
+        ):
+            # What the server would store is what it has: plan again against that.
+            desired = self._desired.get(key)
+            t0 = time.perf_counter()
+            generation, unchanged, updates, creates, deletes = _native.plan_prepared(
+                desired.prepared if desired else [], [s.prepared for s in ordered]
+            )
+            metrics.PLAN_SECONDS.observe(time.perf_counter() - t0)
         uid = self._node_uid
         reown = [ordered[i] for i in unchanged if uid not in ordered[i].node_owners]
         if not (updates or creates or deletes or reown):
@@ -1052,12 +1067,41 @@ class Publisher:
             spec_bytes,
         )
 
-    async def _dry_run(self, verb: str, body: dict[str, Any]) -> None:
+    async def _learn_forms(
+        self,
+        key: PoolKey,
+        desired: _Desired,
+        updates: list[Any],
+        ordered: list[_Seen],
+    ) -> bool:
+        """For each planned update whose observed slice lacks fields the desired spec has and
+        whose stored form is not known yet: a dry-run update shows what the server would store.
+        A gate off on this cluster then costs no write at all (an agent restart used to rewrite
+        every such slice, bumping the pool's generation). Returns whether anything was learnt."""
+        driver, pool = key
+        learnt = False
+        for j, i, name, rv in updates:
+            spec_bytes = desired.specs[i]
+            if spec_bytes in self._form_known:
+                continue
+            sent = _spec_only.decode(spec_bytes)
+            seen = _spec_only.decode(ordered[j].raw).get("spec")
+            if not isinstance(seen, dict) or not dropped_fields(sent, seen):
+                continue  # a plain change: the write itself shows the stored form
+            verb, body, _ = self._body(
+                "update", driver, spec_bytes, pool, 0, 1, ordered[j], name, rv
+            )
+            answer = await self._dry_run(verb, body)
+            self._check_dropped(key, body["spec"], spec_bytes, msgspec.json.decode(answer))
+            learnt = True
+        return learnt
+
+    async def _dry_run(self, verb: str, body: dict[str, Any]) -> bytes:
         """The write validated and admitted by the server, nothing stored (`dryRun=All`)."""
         assert self._client is not None
         name = body["metadata"].get("name")
         try:
-            await self._client.request(
+            answer = await self._client.request(
                 "POST" if verb == "create" else "PUT",
                 RESOURCESLICES.path(None, name if verb != "create" else None),
                 params={"dryRun": "All"},
@@ -1072,6 +1116,7 @@ class Publisher:
             metrics.DRY_RUNS.labels(_result(exc)).inc()
             raise
         metrics.DRY_RUNS.labels("ok").inc()
+        return answer
 
     async def _write(
         self, verb: str, driver: str, pool: str, body: dict[str, Any], spec_bytes: bytes
@@ -1101,6 +1146,7 @@ class Publisher:
         except (KeyError, TypeError):
             return
         self._note_dropped(key, sent, stored_spec)
+        self._form_known.add(spec_bytes)
         known = self._server_form.get(spec_bytes)
         if _native.slice_spec_equal(stored, spec_bytes):
             if known is None:

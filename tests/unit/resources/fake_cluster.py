@@ -159,7 +159,10 @@ class FakeCluster:
         exc = self.reject(verb, obj)
         if exc is not None:
             raise exc
-        return body
+        if self.drop_taints:
+            for d in obj["spec"].get("devices", []):
+                d.pop("taints", None)
+        return msgspec.json.encode(obj)
 
     # -- SliceSource -----------------------------------------------------------------------
 

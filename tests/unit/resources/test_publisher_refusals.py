@@ -103,3 +103,26 @@ async def test_a_refused_slice_of_a_new_generation_leaves_the_last_complete_pool
         await settle()
         assert {o["spec"]["pool"]["generation"] for o in cluster.objects.values()} == {2}
         assert len(cluster.objects) == 3 and pub.failing() == {}
+
+
+async def test_a_restart_on_a_cluster_dropping_fields_makes_no_write(autojump_clock: Any) -> None:
+    """The restarted publisher does not know the stored form yet: the observed slices lack the
+    taints the inventory has. A dry-run update shows the server would store what it has, so
+    nothing is written (before: every such slice rewritten, and the pool's generation bumped,
+    on every agent restart)."""
+    cluster, plugins = FakeCluster(drop_taints=True), Plugins()
+    async with running(cluster, plugins, startup_grace=1.0):
+        plugins.send(inventory(200, taints=True))
+        await settle()
+    writes, dry = len(cluster.writes()), len(cluster.dry_runs)
+    generations = {o["spec"]["pool"]["generation"] for o in cluster.objects.values()}
+    async with running(cluster, plugins, startup_grace=1.0) as pub:
+        await trio.sleep(5)  # past the start-up grace
+        assert len(cluster.writes()) == writes
+        assert [v for v, _ in cluster.dry_runs[dry:]] == ["update"] * 4
+        assert {o["spec"]["pool"]["generation"] for o in cluster.objects.values()} == generations
+        assert pub.dropped() == {POOL: {"devices.taints": "DRADeviceTaints"}}
+        # Once known, the stored form is planned against: a re-send costs nothing at all.
+        plugins.send(inventory(200, taints=True))
+        await trio.sleep(1)
+        assert len(cluster.dry_runs) == dry + 4 and len(cluster.writes()) == writes
