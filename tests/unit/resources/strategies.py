@@ -121,8 +121,15 @@ def desired_spec(draw: st.DrawFn) -> dict[str, Json]:
         "nodeName": "node-a",
         "devices": [draw(device(n)) for n in names],
     }
-    if draw(st.booleans()):
-        spec["sharedCounters"] = [{"name": "set", "counters": {"c": {"value": "4"}}}]
+    kind = draw(st.sampled_from(["devices", "devices", "counters", "both"]))
+    if kind != "devices":
+        # "counters": the layout the publisher writes (a slice of counter sets only); "both":
+        # what older agents wrote, still to be matched and replaced.
+        sets = draw(st.lists(st.sampled_from(["set", "set-2", "gpu-0"]), min_size=1, unique=True))
+        value = draw(st.sampled_from(["4", "4000m", "8"]))
+        spec["sharedCounters"] = [{"name": n, "counters": {"c": {"value": value}}} for n in sets]
+        if kind == "counters":
+            del spec["devices"]
     return spec
 
 
