@@ -12,6 +12,7 @@ expected dropped):
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -77,6 +78,13 @@ GATES = {
     "consumesCounters": "DRAPartitionableDevices",
     "sharedCounters": "DRAPartitionableDevices",
 }
+
+
+GPU_POOL = "node-a-gpus"
+
+
+def _without_pool(spec: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in spec.items() if k != "pool"}
 
 
 def watch_events() -> float:
@@ -255,43 +263,58 @@ async def test_every_new_field_survives_the_agents_publish(
             name=DRIVER, registry_dir=registry, bridge=bridge, pool=NODE
         ) as plugin:
             pool = Pool(NODE, devices(), skip_node_operations=["NodeUnprepareResources"])
-            await plugin.publish_pools([pool])
+            # MIG-style partitions: a counter set, two partitions with a compatibility group
+            # and a partition type.
+            gpus = dataclasses.replace(partitioned_pool(), name=GPU_POOL)
+            await plugin.publish_pools([pool, gpus])
 
             async def received() -> bool:
                 return DRIVER in channel.value
 
             await until(received, "the plugin's inventory")
 
-            async def published() -> list[dict[str, Any]] | None:
-                items = [o for o in await node_slices(admin) if o["spec"]["driver"] == DRIVER]
+            async def published(name: str = NODE) -> list[dict[str, Any]] | None:
+                items = [
+                    o
+                    for o in await node_slices(admin)
+                    if o["spec"]["driver"] == DRIVER and o["spec"]["pool"]["name"] == name
+                ]
                 return items or None
 
+            async def both() -> bool:
+                return bool(await published() and await published(GPU_POOL))
+
             async with publishing(client, manager) as pub:
-                (obj,) = await until(published, "the slice")
+                await until(both, "both pools")
                 await idle(pub)
+            (obj,) = await published() or []
             spec = obj["spec"]
             assert spec["devices"] == kept(apiserver, EXPECTED_DEVICES)
             expected_skip = kept(apiserver, {"skipNodeOperations": ["NodeUnprepareResources"]})
             assert spec.get("skipNodeOperations") == expected_skip.get("skipNodeOperations")
+            # The partitioned pool: what the agent would publish is what is stored (a slice of
+            # counter sets, then the partitions' slice with the partition type).
+            inv = from_native(DRIVER, build_inventory([gpus]))
+            want = [msgspec.to_builtins(s) for s in desired_slices(DRIVER, inv.pools[0], NODE)]
+            got = [o["spec"] for o in await published(GPU_POOL) or []]
+            assert sorted(map(_without_pool, got), key=repr) == sorted(
+                (_without_pool(kept(apiserver, w)) for w in want), key=repr
+            )
+            assert len(got) == 2
 
-            # A restarted agent compares what it would publish with what is stored: equal, so
-            # nothing is written. (Where the release drops a field, the new process does not
-            # know that yet and sends it once more.)
-            dropped = any(not apiserver.feature_enabled(g) for g in GATES.values())
+            # A restarted agent compares what it would publish with what is stored: equal (or,
+            # where the release dropped a field, equal to what it keeps), so nothing is written.
             written = api_writes()
             async with publishing(client, manager) as pub:
                 await idle(pub)
-                assert pub.writes == (1 if dropped else 0)
-                written += pub.writes
+                assert pub.writes == 0
                 assert api_writes() == written
-                if not dropped:
-                    (again,) = await published() or []
-                    rv = again["metadata"]["resourceVersion"]
-                    assert rv == obj["metadata"]["resourceVersion"]
+                (again,) = await published() or []
+                assert again["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
 
                 # A changed request policy is one in-place update.
                 changed = Pool(NODE, devices("2G"), skip_node_operations=pool.skip_node_operations)
-                await plugin.publish_pools([changed])
+                await plugin.publish_pools([changed, gpus])
 
                 async def updated() -> dict[str, Any] | None:
                     items = await published() or []
@@ -308,17 +331,8 @@ async def test_every_new_field_survives_the_agents_publish(
         nursery.cancel_scope.cancel()
 
 
-def _server_layout(spec: dict[str, Any]) -> list[dict[str, Any]]:
-    """A spec as servers with DRAPartitionableDevices want it: counter sets in their own slice."""
-    if not (spec.get("sharedCounters") and spec.get("devices")):
-        return [spec]
-    counters = {k: v for k, v in spec.items() if k not in ("devices", "partitionTypeAttribute")}
-    devices = {k: v for k, v in spec.items() if k != "sharedCounters"}
-    return [counters, devices]
-
-
 def _slices(pool_specs: list[ResourceSliceSpec]) -> list[dict[str, Any]]:
-    specs = [s for spec in pool_specs for s in _server_layout(msgspec.to_builtins(spec))]
+    specs = [msgspec.to_builtins(spec) for spec in pool_specs]
     for s in specs:
         s["pool"] = {"name": s["pool"]["name"], "generation": 1, "resourceSliceCount": len(specs)}
     return [
