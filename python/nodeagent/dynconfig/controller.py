@@ -140,6 +140,9 @@ class Trial(msgspec.Struct, frozen=True, kw_only=True):
     # Clean restarts during this trial (a failing liveness probe stops the agent cleanly too:
     # crashloop_restarts of them count as a crash).
     restarts: int = 0
+    # The remote config on trial, recorded by a clean stop: the assignment may have moved on
+    # meanwhile (an edit rejected as invalid keeps the trial running).
+    config: dict[str, Any] | None = None
 
 
 class State(msgspec.Struct, kw_only=True):
@@ -282,6 +285,9 @@ class Controller(Generic[C]):
         self.trial_deadline: float | None = None  # trio time
         # A trial resumed at boot (a clean restart): its seconds left, armed by run_trials.
         self._resume_for: float | None = None
+        # Why the watch could not select (a tie, an unreadable list or target), until it
+        # selects again: (condition reason, text).
+        self._kept: tuple[str, str] | None = None
         self.condition_ = Condition(True, "Local", "running the local config")
         self.changed = trio.Event()
         self.health = HealthTracker(settings)
@@ -357,10 +363,9 @@ class Controller(Generic[C]):
             self.state.trial = None
             self._save()
             return None
-        assigned = self.state.assigned
         confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
         problem = None
-        if assigned is None or assigned.hash != trial.hash:
+        if trial.config is None:
             problem = "the checkpoint does not hold the config on trial"
         elif now - confirmed > self.settings.checkpoint_grace:
             problem = (
@@ -368,23 +373,23 @@ class Controller(Generic[C]):
                 f"grace {self.settings.checkpoint_grace:g}s)"
             )
         config = None
-        if problem is None and assigned is not None:
+        if problem is None:
             try:
-                config = self.build(assigned.config)
+                config = self.build(trial.config)
             except ConfigError as exc:
                 problem = f"the config on trial no longer builds: {exc}"
-        if problem is not None or config is None or assigned is None:
+        if problem is not None or config is None:
             log.info("dynconfig trial not resumed", name=trial.name, reason=problem)
             self.state.trial = None
             self._save()
             return None
         self.state.trial = msgspec.structs.replace(
-            trial, file_hash="", remaining=None, restarts=restarts
+            trial, file_hash="", remaining=None, restarts=restarts, config=None
         )
         self._save()  # the marker armed again: a crash during the rest of the trial rolls back
         self._resume_for = remaining
         self._set_active(
-            Known(hash=trial.hash, name=trial.name, config=assigned.config), source="checkpoint"
+            Known(hash=trial.hash, name=trial.name, config=trial.config), source="checkpoint"
         )
         self.boot_source = "resumed"
         self.boot_reason = (
@@ -412,7 +417,9 @@ class Controller(Generic[C]):
             remaining = self._resume_for
         else:
             remaining = self.settings.trial_duration
-        self.state.trial = msgspec.structs.replace(trial, remaining=remaining)
+        self.state.trial = msgspec.structs.replace(
+            trial, remaining=remaining, config=self.active.config
+        )
         self.trial_deadline = self._resume_for = None  # no tick may end it from here
         self._save()
         log.info("dynconfig trial interrupted by a clean stop", name=trial.name, left=remaining)
@@ -496,6 +503,7 @@ class Controller(Generic[C]):
 
     def assign(self, target: Assignment | None, reports: Sequence[ComponentHealth] = ()) -> None:
         """The watch selected `target` (None: no object targets this node: the local config)."""
+        self._kept = None
         if target is None:
             self._assign_local()
             return
@@ -533,27 +541,19 @@ class Controller(Generic[C]):
 
     def keep(self, reason: str) -> None:
         """The watch could not select (a tie): the running config is kept and the reason shown."""
-        self._set_condition(
-            Condition(
-                False,
-                "NoUniqueTarget",
-                f"{reason}; keeping {_describe(self.active.name, self.active.hash)}",
-            )
-        )
+        self._kept = ("NoUniqueTarget", reason)
+        self._refresh_condition()
 
     def unreadable(self, name: str, reason: str) -> None:
         """This node's target object can no longer be read (it fails to decode): what runs is
         kept, last-known-good too, and the condition says why (as the kubelet did for an
         assigned config it could not load), instead of the node dropping silently to the next
         match or the local config."""
-        self._set_condition(
-            Condition(
-                False,
-                "TargetUnreadable",
-                f"NodeAgentConfig {name}, this node's target, cannot be read ({reason}); "
-                f"keeping {_describe(self.active.name, self.active.hash)}",
-            )
+        self._kept = (
+            "TargetUnreadable",
+            f"NodeAgentConfig {name}, this node's target, cannot be read ({reason})",
         )
+        self._refresh_condition()
 
     def confirm(self) -> None:
         """The apiserver still assigns what runs: refresh the grace's start, at most every quarter
@@ -872,7 +872,12 @@ class Controller(Generic[C]):
     def _refresh_condition(self) -> None:
         assigned = self.state.assigned
         active = _describe(self.active.name, self.active.hash)
-        if self.state.trial is not None:
+        if self._kept is not None:
+            # Until the watch selects again, what it could not choose is what the Node shows
+            # (a trial ending meanwhile does not make a tie go away).
+            reason, text = self._kept
+            self._set_condition(Condition(False, reason, f"{text}; keeping {active}"))
+        elif self.state.trial is not None:
             subject = _describe_trial(self.state.trial)
             self._set_condition(Condition(True, "OnTrial", f"{subject} applied, on trial"))
         elif assigned is None:

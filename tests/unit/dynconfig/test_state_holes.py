@@ -195,3 +195,40 @@ async def test_a_last_known_good_equal_to_the_target_is_never_a_rollback_target(
     c.assign(target({"interval": 7}, generation=4))
     assert c.active.hash == a and c.state.trial is None
     assert c.condition().reason == "Active"
+
+
+# ---- found by the model-based test (test_model.py) ------------------------------------------
+
+
+async def test_a_trial_whose_object_was_then_edited_invalid_resumes_after_a_clean_stop(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """An edit rejected as invalid keeps the trial running; the checkpoint's assignment is then
+    the invalid edit, so the clean stop records the config on trial itself."""
+    wall = Wall()
+    first = make(tmp_path, wall)
+    first.controller.assign(target({"interval": 6}))
+    first.controller.assign(target({"bogus": 1}, generation=2))  # rejected: 6 stays on trial
+    assert first.controller.state.trial is not None
+    first.controller.stop_clean()
+    second = make(tmp_path, wall)
+    assert second.controller.boot_source == "resumed", second.controller.boot_reason
+    assert second.hub.current["interval"] == 6
+    assert second.controller.active.hash == hasher({"interval": 6})
+
+
+async def test_a_tie_outlives_the_end_of_a_trial(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    rig = make(tmp_path)
+    c = rig.controller
+    c.assign(target({"interval": 7}))
+    c.unreadable("fleet", "spec.priority: expected int")
+    await trio.sleep(601)
+    c.tick(None)  # promoted meanwhile
+    assert c.state.lkg is not None and c.state.lkg.hash == hasher({"interval": 7})
+    assert c.condition().reason == "TargetUnreadable"
+    c.keep("tie selector matching this node at priority 0: a, b")
+    assert c.condition().reason == "NoUniqueTarget"
+    c.assign(target({"interval": 7}))  # the watch selects again
+    assert c.condition().reason == "Active"

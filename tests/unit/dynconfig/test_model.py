@@ -1,0 +1,523 @@
+"""A model-based test of dynamic configuration: Hypothesis drives the real dynconfig component
+(its two accumulators over in-memory watches, the real controller, a checkpoint directory on
+disk) through any interleaving of node label changes, NodeAgentConfig objects created, edited,
+made undecodable and deleted, relists of either query starting and ending (changes to a
+relisting query arrive when its relist ends), trials judged unhealthy or surviving, clean
+restarts (SIGTERM), crash restarts (kill -9) and the checkpoint grace running out while the
+agent is down, and compares it after every step with a small reference model of what the
+README promises.
+
+The component runs in a Trio loop of its own thread, on a mock clock that only moves when a rule
+moves it (`settle` lets every task run to a wait, moving the clock in small steps so that
+coalescing and rechecks happen); the wall clock of the checkpoint grace is a settable one.
+
+Invariants: the running config is the one the model chooses; last-known-good is only a config
+that ran to the end of a trial (or the local one); the trial is the model's, and never has its
+own config as last-known-good; the condition's reason is the model's once no relist is under way,
+and the one written to the Node is the controller's; bad configs are the model's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any, TypeVar, cast
+
+import trio
+import trio.testing
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.checkpoint import CheckpointStore
+from nodeagent.dynconfig.controller import LOCAL_HASH, Controller
+from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.kube.watch import WatchSink
+from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
+from tests.support.nodeagentconfig import NAC
+from tests.unit.accumulator.helpers import page
+from tests.unit.dynconfig.test_component import NODE, Client
+from tests.unit.dynconfig.test_controller import FakeHub, Report, Wall, build, hasher
+
+T = TypeVar("T")
+
+NAMES = ("a", "b", "c")
+# What an object targets: this node by name, a pool by selector, or every node (global).
+SHAPES = ("named", "pool-x", "pool-y", "global")
+CONFIGS: tuple[dict[str, Any], ...] = (
+    {"interval": 6},
+    {"interval": 7},
+    {"interval": 8},
+    {"bogus": 1},  # a field the agent refuses: rejected as invalid
+)
+TRIAL = 1e6  # trial seconds: only the trial-end rule ends a trial, never the settling
+GRACE = 7200.0
+CRASHLOOP = 3
+SETTINGS = DynconfigSettings(
+    trial_duration=TRIAL,
+    checkpoint_grace=GRACE,
+    unready_bound=60.0,
+    health_interval=5.0,
+    crashloop_restarts=CRASHLOOP,
+)
+_uids = itertools.count(1)
+
+
+@dataclass
+class Obj:
+    name: str
+    uid: str
+    shape: str
+    config: dict[str, Any]
+    generation: int = 1
+    rv: int = 1
+    broken: bool = False  # fails to decode (a looser CRD let a bad field through)
+
+    def raw(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"config": self.config}
+        if self.shape == "named":
+            spec["nodeNames"] = [NODE]
+        elif self.shape.startswith("pool-"):
+            spec["nodeSelector"] = {"matchLabels": {"pool": self.shape[5:]}}
+        if self.broken:
+            spec["priority"] = "high"
+        meta = {
+            "name": self.name,
+            "uid": self.uid,
+            "resourceVersion": str(self.rv),
+            "generation": self.generation,
+        }
+        return {"metadata": meta, "spec": spec}
+
+    @property
+    def hash(self) -> str:
+        return hasher(self.config)
+
+    @property
+    def key(self) -> str:
+        return f"{self.uid}/{self.generation}"
+
+
+@dataclass
+class Model:
+    """What the README promises, kept by hand."""
+
+    active: str = LOCAL_HASH
+    lkg: str | None = None
+    trial: str | None = None
+    trial_restarts: int = 0
+    assigned: Obj | None = None  # a copy of the object last assigned
+    bad: dict[str, str] = field(default_factory=dict)  # hash -> object key
+    bad_reason: dict[str, str] = field(default_factory=dict)  # hash -> condition reason
+    promoted: set[str] = field(default_factory=set)
+    configs: dict[str, dict[str, Any]] = field(default_factory=dict)  # hash -> config
+    condition: str = "Local"
+    kept: str | None = None  # a selection that could not choose: its condition reason
+    expired: bool = False  # the grace ran out since the apiserver last confirmed
+
+
+class Loop:
+    """A Trio loop in a thread, on a mock clock, that runs the test's coroutines in order."""
+
+    def __init__(self) -> None:
+        self.clock = trio.testing.MockClock()
+        self._calls: queue.Queue[tuple[Callable[[], Awaitable[Any]], queue.Queue[Any]] | None]
+        self._calls = queue.Queue()
+        self._thread = threading.Thread(target=self._main, daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        async def serve() -> None:
+            async with trio.open_nursery() as nursery:
+                self.nursery = nursery
+                while True:
+                    item = await trio.to_thread.run_sync(self._calls.get)
+                    if item is None:
+                        nursery.cancel_scope.cancel()
+                        return
+                    fn, answer = item
+                    try:
+                        answer.put((True, await fn()))
+                    except BaseException as exc:  # handed to the test's thread
+                        answer.put((False, exc))
+
+        trio.run(serve, clock=self.clock)
+
+    def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        answer: queue.Queue[Any] = queue.Queue()
+        self._calls.put((fn, answer))
+        ok, value = answer.get(timeout=60)
+        if not ok:
+            raise value
+        return cast(T, value)
+
+    def close(self) -> None:
+        self._calls.put(None)
+        self._thread.join(30)
+
+
+class Agent:
+    """One agent process: a controller booted from the checkpoint and its component."""
+
+    def __init__(self, loop: Loop, directory: Path, wall: Wall, ready: list[bool]) -> None:
+        self.client = Client()
+        self.controller: Controller[dict[str, Any]] = Controller(
+            SETTINGS, CheckpointStore(directory), build, hasher, wall=wall
+        )
+        self.hub = FakeHub(self.controller.boot().config)
+        self.controller.attach(self.hub)
+        self.component = DynconfigComponent(
+            node_name=NODE,
+            controller=self.controller,
+            events=EventBuffer(),
+            client=cast(Any, self.client),
+            accumulator_settings=AccumulatorSettings(max_interval=0.05),
+            reports=lambda: [Report("publisher", ready=ready[0])],
+            watch=self.client.run_watch,
+        )
+        self.scope = trio.CancelScope()
+        self.stopped = trio.Event()
+
+        async def start() -> None:
+            await loop.nursery.start(self._run)
+
+        loop.run(start)
+
+    async def _run(self, *, task_status: trio.TaskStatus[None]) -> None:
+        try:
+            with self.scope:
+                await self.component.run(task_status=task_status)
+        finally:
+            self.stopped.set()
+
+    async def stop(self) -> None:
+        self.scope.cancel()
+        await self.stopped.wait()
+
+
+class DynconfigModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self._tmp = TemporaryDirectory(prefix="dynconfig-model-")
+        self.directory = Path(self._tmp.name) / "checkpoints"
+        self.loop = Loop()
+        self.wall = Wall()
+        self.ready = [True]
+        self.objects: dict[str, Obj] = {}
+        self.labels: dict[str, str] = {"pool": "x"}
+        self.node_rv = 1
+        self.relisting: set[str] = set()  # plurals with a relist under way
+        self.owed = True  # a change not selected yet (the first list is one)
+        self.model = Model()
+        self.agent = self._start()
+
+    def teardown(self) -> None:
+        try:
+            self.loop.run(self.agent.stop)
+        finally:
+            self.loop.close()
+            self._tmp.cleanup()
+
+    # -- the world -------------------------------------------------------------------------
+
+    def _start(self) -> Agent:
+        agent = Agent(self.loop, self.directory, self.wall, self.ready)
+        self.agent = agent
+        self.relisting.clear()
+
+        async def first_lists() -> None:
+            await self._list("nodes")
+            await self._list(NAC.plural)
+
+        self.loop.run(first_lists)
+        self.owed = True
+        self._settle_and_select()
+        return agent
+
+    def _node(self) -> dict[str, Any]:
+        meta = {"name": NODE, "uid": "n", "resourceVersion": str(self.node_rv)}
+        return {"metadata": {**meta, "labels": self.labels}}
+
+    async def _sink(self, plural: str) -> WatchSink:
+        return await self.agent.client.sink(plural)
+
+    async def _list(self, plural: str) -> None:
+        sink = await self._sink(plural)
+        items = [self._node()] if plural == "nodes" else [o.raw() for o in self.objects.values()]
+        await sink.begin_list()
+        await sink.list_page(page(items, next(_uids)))
+        await sink.end_list(str(next(_uids)))
+
+    def _deliver(self, plural: str) -> None:
+        """A change of `plural`: seen now, or when its relist ends."""
+        self.owed = True
+        if plural not in self.relisting:
+            self.loop.run(lambda: self._list(plural))
+        self._settle_and_select()
+
+    def _settle(self) -> None:
+        async def settle() -> None:
+            for _ in range(4):
+                await trio.testing.wait_all_tasks_blocked()
+                self.loop.clock.jump(0.6)  # coalescing (0.05 s) and the owed recheck (1 s)
+            await trio.testing.wait_all_tasks_blocked()
+
+        self.loop.run(settle)
+
+    def _settle_and_select(self) -> None:
+        self._settle()
+        if self.owed and not self.relisting:
+            self.owed = False
+            self._select()
+
+    # -- the reference model ---------------------------------------------------------------
+
+    def _target(self) -> tuple[str, Obj | None]:
+        m = self.model
+        readable = [o for o in self.objects.values() if not o.broken]
+        if m.assigned is not None and any(
+            o.broken and o.uid == m.assigned.uid for o in self.objects.values()
+        ):
+            return "unreadable", None
+        for level in (
+            [o for o in readable if o.shape == "named"],
+            [o for o in readable if o.shape == f"pool-{self.labels['pool']}"],
+            [o for o in readable if o.shape == "global"],
+        ):
+            if len(level) == 1:
+                return "target", level[0]
+            if level:
+                return "tie", None
+        return "none", None
+
+    def _select(self) -> None:
+        m = self.model
+        outcome, obj = self._target()
+        if outcome == "tie":
+            m.kept = m.condition = "NoUniqueTarget"
+            return
+        if outcome == "unreadable":
+            m.kept = m.condition = "TargetUnreadable"
+            return
+        m.kept = None
+        m.expired = False  # the apiserver confirmed (or replaced) the assignment
+        if obj is None:
+            m.assigned, m.active, m.lkg, m.trial = None, LOCAL_HASH, None, None
+            m.condition = "Local"
+            return
+        m.assigned = Obj(**{**obj.__dict__, "config": dict(obj.config)})
+        m.configs[obj.hash] = dict(obj.config)
+        if obj.hash == m.active:
+            m.condition = "OnTrial" if m.trial is not None else "Active"
+            return
+        if m.bad.get(obj.hash) == obj.key:
+            m.condition = m.bad_reason[obj.hash]
+            return
+        if m.lkg == obj.hash:
+            m.active, m.trial, m.condition = obj.hash, None, "Active"
+            return
+        if "bogus" in obj.config:
+            self._mark_bad(obj.hash, obj.key, "ConfigInvalid")
+            m.condition = "ConfigInvalid"
+            return
+        if m.lkg is None:
+            m.lkg = m.active
+        m.active, m.trial, m.trial_restarts = obj.hash, obj.hash, 0
+        m.condition = "OnTrial"
+
+    def _mark_bad(self, hash_: str, key: str, reason: str) -> None:
+        self.model.bad[hash_] = key
+        self.model.bad_reason[hash_] = reason
+
+    def _boot(self, *, crashed: bool) -> None:
+        m = self.model
+        if m.trial is not None and not crashed:
+            m.trial_restarts += 1
+            if m.trial_restarts < CRASHLOOP and not m.expired:
+                return  # resumed: the same config, on trial for what was left
+            crashed = m.trial_restarts >= CRASHLOOP
+            if not crashed:
+                m.trial = None  # past the grace: dropped, not blamed
+        if m.trial is not None and crashed:
+            assert m.assigned is not None
+            self._mark_bad(m.trial, m.assigned.key, "RolledBack")
+            m.trial = None
+            m.condition = "RolledBack"
+        if m.lkg is not None and m.lkg != LOCAL_HASH:
+            if m.expired:
+                m.lkg, m.active = None, LOCAL_HASH
+            else:
+                m.active = m.lkg
+        else:
+            m.active = LOCAL_HASH
+
+    # -- rules: the cluster ------------------------------------------------------------------
+
+    @rule(pool=st.sampled_from(("x", "y")))
+    def relabel_node(self, pool: str) -> None:
+        if self.labels["pool"] != pool:
+            self.labels = {"pool": pool}
+            self.node_rv = next(_uids)
+            self._deliver("nodes")
+
+    @rule(
+        name=st.sampled_from(NAMES), shape=st.sampled_from(SHAPES), config=st.sampled_from(CONFIGS)
+    )
+    def create(self, name: str, shape: str, config: dict[str, Any]) -> None:
+        if name not in self.objects:
+            self.objects[name] = Obj(name, f"uid-{name}-{next(_uids)}", shape, dict(config))
+            self._deliver(NAC.plural)
+
+    @rule(name=st.sampled_from(NAMES), config=st.sampled_from(CONFIGS))
+    def edit(self, name: str, config: dict[str, Any]) -> None:
+        obj = self.objects.get(name)
+        if obj is not None and (obj.config != config or obj.broken):
+            obj.config, obj.broken = dict(config), False
+            obj.generation += 1
+            obj.rv = next(_uids)
+            self._deliver(NAC.plural)
+
+    @rule(name=st.sampled_from(NAMES))
+    def break_object(self, name: str) -> None:
+        obj = self.objects.get(name)
+        if obj is not None and not obj.broken:
+            obj.broken = True
+            obj.generation += 1
+            obj.rv = next(_uids)
+            self._deliver(NAC.plural)
+
+    @rule(name=st.sampled_from(NAMES))
+    def delete(self, name: str) -> None:
+        if self.objects.pop(name, None) is not None:
+            self._deliver(NAC.plural)
+
+    @rule(plural=st.sampled_from(("nodes", NAC.plural)))
+    def relist_starts(self, plural: str) -> None:
+        if plural not in self.relisting:
+            self.relisting.add(plural)
+            self.loop.run(lambda: self._begin(plural))
+            self._settle()
+
+    async def _begin(self, plural: str) -> None:
+        await (await self._sink(plural)).begin_list()
+
+    @rule(plural=st.sampled_from(("nodes", NAC.plural)))
+    def relist_ends(self, plural: str) -> None:
+        if plural in self.relisting:
+            self.relisting.discard(plural)
+
+            async def end() -> None:
+                sink = await self._sink(plural)
+                items = (
+                    [self._node()]
+                    if plural == "nodes"
+                    else [o.raw() for o in self.objects.values()]
+                )
+                await sink.list_page(page(items, next(_uids)))
+                await sink.end_list(str(next(_uids)))
+
+            self.loop.run(end)
+            self._settle_and_select()
+
+    # -- rules: the trial --------------------------------------------------------------------
+
+    @rule()
+    def unhealthy(self) -> None:
+        """A component not ready for longer than the bound: a trial under way rolls back."""
+        self.ready[0] = False
+        for _ in range(14):  # every health check sees it: 77 s > unready_bound
+            self.loop.clock.jump(SETTINGS.health_interval + 0.5)
+            self._settle()
+        self.ready[0] = True
+        m = self.model
+        if m.trial is not None:
+            assert m.assigned is not None
+            self._mark_bad(m.trial, m.assigned.key, "RolledBack")
+            m.active = m.lkg if m.lkg is not None and m.lkg != m.trial else LOCAL_HASH
+            m.trial, m.condition = None, "RolledBack"
+
+    @rule()
+    def trial_ends(self) -> None:
+        self.loop.clock.jump(TRIAL + 1)
+        self._settle()
+        m = self.model
+        if m.trial is not None:
+            m.lkg, m.trial = m.active, None
+            m.promoted.add(m.active)
+            m.condition = m.kept or ("Active" if m.assigned is not None else "Local")
+
+    # -- rules: the process ------------------------------------------------------------------
+
+    @rule()
+    def clean_restart(self) -> None:
+        async def stop_clean() -> None:
+            await self.agent.stop()
+            self.agent.controller.stop_clean()  # as the agent does once its tasks ended
+
+        self.loop.run(stop_clean)
+        self._boot(crashed=False)
+        self._start()
+
+    @rule()
+    def crash_restart(self) -> None:
+        self.loop.run(self.agent.stop)  # nothing recorded: as kill -9
+        self._boot(crashed=True)
+        self._start()
+
+    @rule()
+    def grace_elapses(self) -> None:
+        """The agent is down longer than the checkpoint grace (the next start sees it)."""
+        self.wall.now += GRACE + 1
+        self.model.expired = True
+
+    # -- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def running_config_is_the_models(self) -> None:
+        c, m = self.agent.controller, self.model
+        assert c.active.hash == m.active, (c.active, m)
+        expected = dict(build(None)) if m.active == LOCAL_HASH else build(m.configs[m.active])
+        assert self.agent.hub.current == expected
+
+    @invariant()
+    def last_known_good_ran_to_the_end_of_a_trial(self) -> None:
+        c, m = self.agent.controller, self.model
+        lkg = None if c.state.lkg is None else c.state.lkg.hash
+        assert lkg == m.lkg, (c.state.lkg, m)
+        assert lkg is None or lkg == LOCAL_HASH or lkg in m.promoted
+
+    @invariant()
+    def the_trial_is_the_models_and_never_its_own_rollback_target(self) -> None:
+        c, m = self.agent.controller, self.model
+        trial = None if c.state.trial is None else c.state.trial.hash
+        assert trial == m.trial, (c.state.trial, m)
+        if trial is not None:
+            assert c.state.lkg is not None and c.state.lkg.hash != trial
+
+    @invariant()
+    def bad_configs_are_the_models(self) -> None:
+        c, m = self.agent.controller, self.model
+        assert {b.hash: b.object_key for b in c.state.bad} == m.bad
+
+    @precondition(lambda self: not self.relisting)
+    @invariant()
+    def the_condition_is_the_models_and_written(self) -> None:
+        c, m = self.agent.controller, self.model
+        assert c.condition().reason == m.condition, (c.condition(), m)
+        assert self.agent.component.written == c.condition()
+
+
+DynconfigModel.TestCase.settings = settings(
+    max_examples=int(os.environ.get("DYNCONFIG_MODEL_EXAMPLES", "60")),
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+test_dynconfig_model = DynconfigModel.TestCase
