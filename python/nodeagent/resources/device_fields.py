@@ -235,7 +235,8 @@ def device_field_errors(d: Device) -> list[str]:
             errors.append(f"{at}: needs allowMultipleAllocations true")
         else:
             errors.extend(_request_policy_errors(at, cap, cap.request_policy))
-    errors.extend(_binding_errors(d))
+    if d.binding_conditions or d.binding_failure_conditions:
+        errors.extend(_binding_errors(d))
     for key, res in d.node_allocatable_resources.items():
         at = f"nodeAllocatableResources[{key!r}]"
         if not is_node_allocatable_resource_name(key):
@@ -248,6 +249,8 @@ def device_field_errors(d: Device) -> list[str]:
             errors.extend(_overhead_errors(f"{at}.overhead", res.overhead))
     for use in d.consumes_counters:
         groups = use.compatibility_groups
+        if not groups:
+            continue
         at = f"consumesCounters[{use.counter_set!r}].compatibilityGroups"
         if len(groups) > COMPATIBILITY_GROUPS_MAX:
             errors.append(f"{at}: {len(groups)} groups, at most {COMPATIBILITY_GROUPS_MAX}")
