@@ -945,11 +945,12 @@ class Publisher:
             for i in creates
             if desired is not None
         ]
-        if len(bodies) > 1:
+        if len(bodies) > 1 and ordered:
             # More than one write means a new generation: the pool is complete again only
             # once all of them are done. A slice the server refuses, found after the first
             # writes, would leave the pool incomplete and every device in it unallocatable;
-            # found by a dry run, it leaves the last complete pool published.
+            # found by a dry run, it leaves the last complete pool published. (A pool with no
+            # slice yet has nothing to lose: its first publish is not doubled.)
             for verb, body, _ in bodies:
                 await self._dry_run(verb, body)
         try:
