@@ -538,7 +538,10 @@ async def test_malformed_protobuf_is_rejected_and_the_stream_goes_on(
         )
         status = plugin_status(manager, "garbage")
         assert status is not None
-        assert status["messages_received"] == 2
+        # "before" may be superseded by "after" before it is processed (the newest wins): the
+        # bridge reads a stream ahead, so both can arrive in one batch.
+        assert status["messages_received"] + status["messages_skipped"] == 2
+        assert status["messages_received"] >= 1
         assert status["messages_rejected"] == 1
         assert status["stream_restarts"] == 0
         assert _errors("message_malformed") == malformed_before + 1
