@@ -4,8 +4,11 @@ published slice spec, and what the seed API refuses."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 import pytest
+from google.protobuf.message import Message
 
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.convert import from_native
@@ -18,6 +21,8 @@ from nodeagent.sdk import (
     NodeAllocatable,
     Pool,
     RequestPolicy,
+    SemVer,
+    Taint,
     ValidRange,
     build_inventory,
     build_resources,
@@ -207,3 +212,43 @@ def test_the_seed_api_takes_a_policy_free_capacity_object() -> None:
 def test_list_attributes_are_refused_on_the_native_api_with_the_reason() -> None:
     with pytest.raises(ValueError, match="DRAListTypeAttributes"):
         build_inventory([Pool("p", [Device("d", {"numa": [0, 1]})])])
+
+
+def _set_fields(message: Message, out: set[tuple[str, str]]) -> None:
+    for field, value in message.ListFields():
+        out.add((message.DESCRIPTOR.name, field.name))
+        if field.message_type is None:
+            continue
+        items: list[object]
+        if isinstance(value, Message):
+            items = [value]
+        elif field.message_type.GetOptions().map_entry:
+            items = list(value.values())
+        else:
+            items = list(value)
+        for item in items:
+            if isinstance(item, Message):
+                _set_fields(item, out)
+
+
+def test_the_sdk_can_set_every_field_of_the_native_api() -> None:
+    # A field added to device.proto without an SDK way to set it fails here.
+    sink = Device(
+        "sink",
+        attributes={"i": 1, "b": True, "s": "x", "v": SemVer("1.0.0")},
+        taints=[Taint("example.com/t", "v", "NoSchedule", "2026-01-01T00:00:00Z")],
+        node_allocatable={
+            "cpu": NodeAllocatable(device_multiplier="1", per_pod="1", per_container="1")
+        },
+    )
+    pool = partitioned_pool()
+    message = build_inventory([dataclasses.replace(pool, devices=[*pool.devices, sink])])
+    seen: set[tuple[str, str]] = set()
+    _set_fields(message, seen)
+    every = {
+        (m.name, f.name)
+        for m in device_pb2.DESCRIPTOR.message_types_by_name.values()
+        if m.name != "ListAndWatchRequest"
+        for f in m.fields
+    }
+    assert every - seen == set()
