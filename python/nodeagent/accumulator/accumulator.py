@@ -69,6 +69,9 @@ class _Field:
         # update() has shown this query at least once (a consistent view exists to fall back on
         # while it relists).
         self.shown = False
+        # The sink's completed lists as of the last update(): a list completed since then made
+        # the query known again, which is news for the consumer even without object changes.
+        self.lists_shown = 0
 
     def status(self) -> QueryStatus:
         name, sink = self.query.name, self.sink
@@ -80,7 +83,7 @@ class _Field:
         if not sink.synced:
             reason = f"not synced (list {failing})" if sink.list_error else "not synced"
             return QueryStatus(name, QueryState.SYNCING, reason)
-        if sink.listing:
+        if sink.stale:
             reason = f"relist {failing}" if sink.list_error else "relisting"
             return QueryStatus(name, QueryState.RELISTING, reason)
         return QueryStatus(name, QueryState.SYNCED)
@@ -176,9 +179,13 @@ class Accumulator:
 
     def _pending(self) -> bool:
         """update() has something to show: a query that is not relisting has changes (a
-        relisting one is held back until its relist completes, without holding the others)."""
+        relisting one is held back until its relist completes, without holding the others), or
+        has become known again since the last update() (a consumer that held back because it
+        was not known must be woken even when the relist changed no object)."""
         return self._first_update or any(
-            f.view.store.pending() for f in self._fields if not f.sink.listing
+            f.view.store.pending() or f.sink.lists_completed != f.lists_shown
+            for f in self._fields
+            if not f.sink.listing
         )
 
     def _offer_ready(self) -> bool:
@@ -213,6 +220,7 @@ class Accumulator:
                 continue
             got = f.view.drain()
             f.shown = True
+            f.lists_shown = f.sink.lists_completed
             if got:
                 changed = True
                 if deltas is not None:

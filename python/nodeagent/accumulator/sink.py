@@ -39,6 +39,13 @@ class StoreSink:
         # The list was Forbidden (the error's message): the store is kept empty until a list
         # completes again.
         self.forbidden: str | None = None
+        # Events are known to be missing (a 410, an undecodable watch body, a watch Forbidden
+        # until it relists): what the store holds is stale until the next list completes, also
+        # while that list waits out its backoff or cannot connect (the watch loop's reason).
+        self.gap: str | None = None
+        # Lists completed: each one makes the query known again, which the consumer must hear
+        # of even when the list changed no object.
+        self.lists_completed = 0
         # A streaming list (initial watch events instead of List pages) had a malformed event:
         # an object held might be the one we could not read, so the relist deletes nothing.
         self.initial_malformed = False
@@ -84,10 +91,23 @@ class StoreSink:
             log.info("list recovered", query=self.query, failures=self.list_failures)
         self.list_error = None
         self.list_failures = 0
+        self.gap = None
+        self.lists_completed += 1
         if self.forbidden is not None:
             self.forbidden = None
             metrics.FORBIDDEN.labels(self.query).set(0)
         self.mark_synced()
+
+    @property
+    def stale(self) -> bool:
+        """Events are known to be missing: a relist is under way, waiting or failing."""
+        return self.listing or self.gap is not None
+
+    def events_missing(self, reason: str) -> None:
+        """The watch loop lost events (``reason``: why the watch ended) and will relist."""
+        if self.gap is None:
+            log.info("events missing: relisting", query=self.query, reason=reason)
+        self.gap = reason
 
     def list_failed(self, error: Exception, retry_in: float) -> None:
         """The watch loop's (re)list failed and will be retried in ``retry_in`` seconds."""
@@ -103,6 +123,7 @@ class StoreSink:
         self.forbidden = message
         self.list_error = None
         self.list_failures = 0
+        self.gap = None
         self.store.begin_list()
         self.store.end_list("")  # nothing listed: every watched object goes
         self.store.expire(math.inf)  # and every own write not yet confirmed

@@ -101,6 +101,18 @@ class ListFailureSink(Protocol):
         """The list since the last `begin_list` failed; it is retried in ``retry_in`` s."""
 
 
+@runtime_checkable
+class GapSink(Protocol):
+    """Optional: a sink that wants to know as soon as events are known to be missing (a 410, a
+    watch body that could not be decoded, a watch Forbidden until it relists), not only once
+    the relist that repairs it begins: that relist may first wait out the backoff, and a
+    streaming one calls `begin_list` only once its stream connects, which may fail for long."""
+
+    def events_missing(self, reason: str) -> None:
+        """What the sink holds is stale until the next `end_list`; ``reason`` is the watch
+        restart reason (``gone``, ``decode_error``, ``forbidden``)."""
+
+
 INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 _MARKER = INITIAL_EVENTS_END.encode()
 # What a server without streaming lists answers (422 Invalid "sendInitialEvents is forbidden for
@@ -447,6 +459,8 @@ async def run_watch(
             await trio.sleep(delay)
             continue
         WATCH_RESTARTS.labels(w.label, reason).inc()
+        if w.rv is None and isinstance(sink, GapSink):
+            sink.events_missing(reason)
         if w.healthy:
             # The stream delivered events or bookmarks: the server is fine, resume at once.
             backoff.reset()
