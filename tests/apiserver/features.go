@@ -25,9 +25,15 @@ type featureInfo struct {
 type featuresOut struct {
 	// ResourceVersions are the resource.k8s.io API versions this release
 	// serves (or can be told to serve with --runtime-config), preferred first.
-	ResourceVersions []string      `json:"resourceVersions"`
-	Features         []featureInfo `json:"features"`
+	ResourceVersions []string `json:"resourceVersions"`
+	// APIVersions are the same for the groups a DRA gate's dependencies use
+	// (GenericWorkload: scheduling.k8s.io's Workload and PodGroup, whose
+	// informers keep /readyz failing while their alpha API is off).
+	APIVersions map[string][]string `json:"apiVersions"`
+	Features    []featureInfo       `json:"features"`
 }
+
+var apiGroups = []string{"resource.k8s.io", "scheduling.k8s.io"}
 
 // runFeatures prints, as JSON, every feature gate kube-apiserver knows at the
 // binary's own version (default, maturity, locked, dependencies) and the
@@ -45,7 +51,7 @@ func runFeatures(args []string) error {
 	}); ok {
 		deps = d.Dependencies()
 	}
-	out := featuresOut{ResourceVersions: []string{}}
+	out := featuresOut{ResourceVersions: []string{}, APIVersions: map[string][]string{}}
 	for name, spec := range gate.GetAll() {
 		fi := featureInfo{
 			Name:       string(name),
@@ -60,9 +66,14 @@ func runFeatures(args []string) error {
 		out.Features = append(out.Features, fi)
 	}
 	sort.Slice(out.Features, func(i, j int) bool { return out.Features[i].Name < out.Features[j].Name })
-	for _, gv := range legacyscheme.Scheme.PrioritizedVersionsForGroup("resource.k8s.io") {
-		out.ResourceVersions = append(out.ResourceVersions, gv.Version)
+	for _, group := range apiGroups {
+		versions := []string{}
+		for _, gv := range legacyscheme.Scheme.PrioritizedVersionsForGroup(group) {
+			versions = append(versions, gv.Version)
+		}
+		out.APIVersions[group] = versions
 	}
+	out.ResourceVersions = out.APIVersions["resource.k8s.io"]
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)

@@ -202,6 +202,8 @@ class Feature:
 class HarnessFeatures:
     features: Mapping[str, Feature]
     resource_versions: tuple[str, ...]  # resource.k8s.io versions, preferred first
+    # Versions of the groups a DRA gate's dependencies use (resource.k8s.io, scheduling.k8s.io).
+    api_versions: Mapping[str, tuple[str, ...]]
 
 
 _features: dict[pathlib.Path, HarnessFeatures] = {}
@@ -230,7 +232,8 @@ def harness_features(release: str | None = None) -> HarnessFeatures:
         )
         for f in doc["features"]
     }
-    out = HarnessFeatures(feats, tuple(doc["resourceVersions"]))
+    api_versions = {g: tuple(v) for g, v in (doc.get("apiVersions") or {}).items()}
+    out = HarnessFeatures(feats, tuple(doc["resourceVersions"]), api_versions)
     _features[binary] = out
     return out
 
@@ -290,10 +293,11 @@ def _gate_args(
         )
     if lane == "all-dra":
         # Alpha/beta API versions are off unless asked for (DeviceTaintRule, pool status, ...).
-        args.append(
-            "--runtime-config="
-            + ",".join(f"resource.k8s.io/{v}=true" for v in hf.resource_versions)
-        )
+        apis = [f"resource.k8s.io/{v}" for v in hf.resource_versions]
+        if gates.get("GenericWorkload"):
+            # Its Workload/PodGroup informers keep /readyz failing (1.36) while the API is off.
+            apis += [f"scheduling.k8s.io/{v}" for v in hf.api_versions.get("scheduling.k8s.io", ())]
+        args.append("--runtime-config=" + ",".join(f"{api}=true" for api in apis))
     return args, gates
 
 
