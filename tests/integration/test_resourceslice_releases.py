@@ -9,6 +9,7 @@ the test."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import suppress
 
@@ -60,14 +61,12 @@ def server(
 def every_field() -> device_pb2.Inventory:
     """The SDK's pool with every 1.37 field, plus a tainted partition."""
     pool = partitioned_pool()
-    pool.devices.append(
-        Device(
-            "gpu-0-9",
-            attributes={"gpu.example.com/profile": "1g.10gb"},
-            taints=[Taint("example.com/unhealthy")],
-        )
+    tainted = Device(
+        "gpu-0-9",
+        attributes={"gpu.example.com/profile": "1g.10gb"},
+        taints=[Taint("example.com/unhealthy")],
     )
-    return build_inventory([pool])
+    return build_inventory([dataclasses.replace(pool, devices=[*pool.devices, tainted])])
 
 
 def gate_on(srv: ApiServer, gate: str) -> bool:
