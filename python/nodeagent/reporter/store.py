@@ -51,6 +51,8 @@ T = TypeVar("T")
 
 CHECKPOINT_NAME = "reporter_manager_checkpoint"  # Katalyst's name (a different format: ours)
 _CHECKPOINT_VERSION = 1
+# Seconds the last checkpoint write may take when the store stops with changes not on disk.
+FLUSH_TIMEOUT = 5.0
 
 
 class InTreeReporter(Protocol):
@@ -270,18 +272,30 @@ class ReportStore:
         more write (the newest state), not one each."""
         if self._checkpoints is None:
             return
-        while True:
-            await self._dirty.wait()
-            self._dirty = trio.Event()
-            changes = self._changes
-            data = encode_checkpoint(self._entries, self._clock())
-            try:
-                await self._run_sync(self._checkpoints.write, CHECKPOINT_NAME, data)
-            except OSError:
-                # Logged and counted by the checkpoint store; the next change writes again.
-                continue
-            self.checkpoint_writes += 1
-            self._checkpointed.set(changes)
+        try:
+            while True:
+                await self._dirty.wait()
+                self._dirty = trio.Event()
+                await self._write_checkpoint()
+        finally:
+            if self._checkpointed.value < self._changes:
+                # Stopping (SIGTERM) with changes not on disk yet: written on the way out, or
+                # the next start restores an older state than the CNR holds and its first sync
+                # writes the difference. Bounded here and by the agent's shutdown deadline.
+                with trio.CancelScope(shield=True), trio.move_on_after(FLUSH_TIMEOUT):
+                    await self._write_checkpoint()
+
+    async def _write_checkpoint(self) -> None:
+        assert self._checkpoints is not None
+        changes = self._changes
+        data = encode_checkpoint(self._entries, self._clock())
+        try:
+            await self._run_sync(self._checkpoints.write, CHECKPOINT_NAME, data)
+        except OSError:
+            # Logged and counted by the checkpoint store; the next change writes again.
+            return
+        self.checkpoint_writes += 1
+        self._checkpointed.set(changes)
 
     async def _restore(self) -> None:
         if self._checkpoints is None:
