@@ -10,6 +10,7 @@ the test."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterator
 from contextlib import suppress
 
@@ -35,13 +36,25 @@ from tests.integration.test_resourceslices import (
     publisher,
     quiet,
 )
-from tests.support.apiserver import ApiServer, releases, start_apiserver
+from tests.support.apiserver import (
+    RELEASE_ENV,
+    ApiServer,
+    releases,
+    selected_gates,
+    selected_release,
+    start_apiserver,
+)
 from tests.unit.sdk.test_devices_v137 import partitioned_pool
 
 pytestmark = pytest.mark.integration
 
 NODE_ALLOCATABLE = "DRANodeAllocatableResources"
-LANES = [(r, "default") for r in releases()] + [(releases()[0], "all-dra")]
+# Every release by default; a CI lane that picks one ($NODEAGENT_KUBE_RELEASE) runs that one.
+LANES = (
+    [(selected_release(), selected_gates())]
+    if os.environ.get(RELEASE_ENV, "").strip()
+    else [(r, "default") for r in releases()] + [(releases()[0], "all-dra")]
+)
 
 
 @pytest.fixture(scope="module", params=LANES, ids=[f"{r}-{g}" for r, g in LANES])
