@@ -15,8 +15,9 @@ writers change the server only: a foreign slice in the pool (no managed-by label
 install of the driver), one in another pool, a foreign slice created in the middle of one of the
 publisher's writes (before the server stores it, or after, before the answer is back), someone
 deleting or editing one of nodeagent's slices. Write answers are scripted: success, 409
-Conflict, 422 Invalid, 503. A relist freezes the observed state (not known: nothing is written).
-A restart builds a new publisher and view from the server's state.
+Conflict, 422 Invalid, 503, or stored with the answer lost. A relist freezes the observed state
+(not known: nothing is written). A restart builds a new publisher and view from the server's
+state.
 
 Invariants, after every step once the publisher is idle (`settle`):
 - no two publishers in one pool: when the publisher's view is current and no sync of the pool
@@ -56,7 +57,7 @@ from hypothesis.stateful import (
 
 from nodeagent.accumulator.model import QueryState, QueryStatus
 from nodeagent.kube import CORE_EVENTS
-from nodeagent.kube.errors import Conflict, Invalid, ServiceUnavailable
+from nodeagent.kube.errors import Conflict, Invalid, ServiceUnavailable, TransportError
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
 from tests.unit.resources.fake_cluster import FakeCluster, FakeSource
@@ -96,6 +97,7 @@ class ModelCluster(FakeCluster):
         self.local: dict[str, bytes | None] = {}  # own writes not yet delivered (None: deleted)
         self.dirty = False  # the server changed (not by the publisher) since the last delivery
         self.interleaved = 0  # foreign slices created in the middle of a write
+        self.lose_next = False  # the next write is stored, its answer lost on the way back
         self.mid_write: tuple[str, bool] | None = None  # (before|after the store, wake)
         self._foreign_names = itertools.count(1)
 
@@ -151,6 +153,11 @@ class ModelCluster(FakeCluster):
                 await trio.lowlevel.checkpoint()
 
     def _own(self, name: str, answer: bytes | None) -> None:
+        if self.lose_next:
+            # Stored, but the client never hears of it: no read-your-writes either.
+            self.lose_next = False
+            self.dirty = True
+            raise TransportError("connection reset reading the answer", sent=True)
         self.local[name] = answer
         self._offer()
 
@@ -420,8 +427,13 @@ class PublisherModel(RuleBasedStateMachine):
 
     # -- rules: write answers, time, restarts ----------------------------------------------
 
-    @rule(answer=st.sampled_from(["conflict", "invalid", "unavailable"]))
+    @rule(answer=st.sampled_from(["conflict", "invalid", "unavailable", "lost"]))
     def next_write_fails(self, answer: str) -> None:
+        """The next write's answer: 409, 422, 503 (not stored), or stored with the answer lost
+        (a connection reset: the client cannot tell)."""
+        if answer == "lost":
+            self.cluster.lose_next = True
+            return
         fault = {
             "conflict": Conflict(409, "Conflict", "the object has been modified"),
             "invalid": Invalid(422, "Invalid", "spec.devices: Too many"),
@@ -525,6 +537,7 @@ class PublisherModel(RuleBasedStateMachine):
         pool converges."""
         self.cluster.faults.clear()
         self.cluster.mid_write = None
+        self.cluster.lose_next = False
         if self.relisting:
             self.relist_end()
         for seconds in (0.0, 0.01, 0.1, 1.1, 2.0, 5.0, 31.0, 601.0, 1.1, 5.0):
