@@ -306,6 +306,7 @@ class Publisher:
         self._server_form: dict[bytes, bytes] = {}
         # Desired specs whose stored form the server has shown (by a write or a dry run).
         self._form_known: set[bytes] = set()
+        self._planned: set[PoolKey] = set()  # pools planned at least once in this run
         # Per driver: the desired pools its view was built from, and that view.
         self._views: dict[str, tuple[tuple[_Desired | None, ...], dict[str, Any]]] = {}
         # Drivers whose desired slices are being rebuilt in a worker thread: their inventory
@@ -385,6 +386,11 @@ class Publisher:
     def pending(self) -> int:
         """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
         return len(self._queue)
+
+    def waiting(self) -> dict[PoolKey, float]:
+        """Pools with desired slices waiting for a sync, and when each one's latest sync
+        started (-inf: never): what readiness bounds as changes not published."""
+        return {k: t for k, t in self._queue.waiting().items() if k in self._desired}
 
     def blocked(self) -> str | None:
         """Why nothing is written at all right now (None: pools are synced)."""
@@ -915,8 +921,13 @@ class Publisher:
             desired.prepared if desired else [], [s.prepared for s in ordered]
         )
         metrics.PLAN_SECONDS.observe(time.perf_counter() - t0)
+        # Only a pool's first plan in this run can meet slices an earlier run wrote against a
+        # server that dropped fields; later ones learn the stored form from their own writes.
+        first = key not in self._planned
+        self._planned.add(key)
         if (
-            desired is not None
+            first
+            and desired is not None
             and updates
             and await self._learn_forms(key, desired, updates, ordered)
         ):
