@@ -1157,10 +1157,14 @@ class Publisher:
             stored = msgspec.json.encode(stored_spec)
         except (KeyError, TypeError):
             return
-        self._note_dropped(key, sent, stored_spec)
         self._form_known.add(spec_bytes)
+        equal = _native.slice_spec_equal(stored, spec_bytes)
+        if not equal or self._dropped.get(key):
+            # Walking the spec in Python only when the fast comparison finds a difference,
+            # or the pool has fields reported dropped that this write may show kept.
+            self._note_dropped(key, sent, stored_spec)
         known = self._server_form.get(spec_bytes)
-        if _native.slice_spec_equal(stored, spec_bytes):
+        if equal:
             if known is None:
                 return
             del self._server_form[spec_bytes]
