@@ -7,7 +7,12 @@ namespace, as the kubelet's projected volume is). It publishes a real plugin's s
 Go DRA helper), writes its CustomNodeResource from an SDK reporter plugin and its
 NodeAgentConfigOK condition: the RBAC is sufficient. The same token cannot write another node's
 slices, CNR or status, nor anything but its own condition on its own Node: the admission
-policies scope it."""
+policies scope it.
+
+Twice, each on an apiserver of its own: with the plain manifests (deploy/kubernetes), and with the
+Helm chart's objects alone (deploy/helm/nodeagent rendered with tests/deploy/helm-values-full.yaml:
+another release, namespace, service account, host directory and ports, and a config file, which
+the agent runs with)."""
 
 from __future__ import annotations
 
@@ -27,9 +32,11 @@ import trio
 
 from nodeagent.kube import NODES, RESOURCESLICES, ClusterConfig, KubeClient, errors
 from tests.deploy.manifests import (
-    HOST_STATE,
-    NAMESPACE,
+    CONFIG_FILE,
+    PLAIN,
+    Install,
     apply_all,
+    chart_install,
     create_pod,
     daemonset_args,
     daemonset_container,
@@ -38,14 +45,28 @@ from tests.deploy.manifests import (
     pod_token,
 )
 from tests.process.conftest import NotifyListener
-from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
+from tests.support.apiserver import ApiServer, free_ports, start_apiserver
 from tests.support.crds import CNR, cnr
 from tests.support.draplugin import DraPlugin, KubeletDirs, instance, kubelet_dirs, named_resources
 from tests.support.http import http_get
 from tests.support.nodeagentconfig import NAC, nodeagentconfig
 
-# Its own apiserver: the policies applied here bind cluster-wide.
-apiserver = apiserver_fixture(scope="module", name="apiserver")
+
+@pytest.fixture(scope="module", params=["plain", "chart"])
+def install(request: pytest.FixtureRequest) -> Install:
+    return PLAIN if request.param == "plain" else chart_install()
+
+
+@pytest.fixture(scope="module")
+def apiserver(install: Install, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """An apiserver of its own for each install: the policies applied here bind cluster-wide, and
+    each install must be sufficient alone."""
+    server = start_apiserver(tmp_path_factory.mktemp("apiserver"))
+    try:
+        yield server
+    finally:
+        server.close()
+
 
 NODE = "ds-node-1"
 OTHER = "ds-node-2"
@@ -104,17 +125,29 @@ async def _until(check: Callable[[], Any], what: str) -> Any:
 
 
 def pod_command(
-    dirs: KubeletDirs, ops_port: int, public_port: int
+    install: Install, dirs: KubeletDirs, ops_port: int, public_port: int, config_dir: pathlib.Path
 ) -> tuple[list[str], dict[str, str]]:
     """The DaemonSet container's args and env as the pod gets them, with the hostPath mapped to
-    ``dirs.root`` and the two ports replaced (the test shares the host's network)."""
-    container = daemonset_container()
-    args = daemonset_args(str(dirs.root), ops_port, public_port)
-    volumes = {v["name"]: v for v in daemonset_pod_spec()["volumes"]}
-    (state,) = [m for m in container["volumeMounts"] if m["mountPath"] == HOST_STATE]
-    assert volumes[state["name"]]["hostPath"]["path"] == HOST_STATE
+    ``dirs.root``, the two ports replaced (the test shares the host's network) and the chart's
+    config file (its ConfigMap's config.toml) written in ``config_dir``."""
+    container = daemonset_container(install)
+    host_state = install.host_state()
+    config = install.config_toml()
+    config_file = None
+    if config is not None:
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "config"]
+        assert f"{mount['mountPath']}/config.toml" == CONFIG_FILE
+        config_file = str(config_dir / "config.toml")
+        pathlib.Path(config_file).write_text(config)
+    args = daemonset_args(str(dirs.root), ops_port, public_port, install, config_file)
+    volumes = {v["name"]: v for v in daemonset_pod_spec(install)["volumes"]}
+    (state,) = [m for m in container["volumeMounts"] if m["mountPath"] == host_state]
+    assert volumes[state["name"]]["hostPath"]["path"] == host_state
     env = {}
     for item in container.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+            continue
         assert item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", item
         env[item["name"]] = NODE
     return args, env
@@ -132,10 +165,10 @@ def dirs() -> Iterator[KubeletDirs]:
 
 
 @pytest.fixture
-async def installed(apiserver: ApiServer) -> AsyncIterator[KubeClient]:
-    """Every shipped manifest applied; the Nodes; an admin client."""
+async def installed(apiserver: ApiServer, install: Install) -> AsyncIterator[KubeClient]:
+    """Every object of the install applied; the Nodes; an admin client."""
     async with _admin(apiserver) as admin:
-        applied = await apply_all(admin)
+        applied = await apply_all(admin, install)
         kinds = {kind for kind, _ in applied}
         assert {"CustomResourceDefinition", "DaemonSet", "ValidatingAdmissionPolicy"} <= kinds
         for name in (NODE, OTHER):
@@ -150,23 +183,25 @@ async def installed(apiserver: ApiServer) -> AsyncIterator[KubeClient]:
 
 
 @pytest.fixture
-async def token(installed: KubeClient) -> AsyncIterator[str]:
+async def token(installed: KubeClient, install: Install) -> AsyncIterator[str]:
     """The token the kubelet would mount into the agent's pod on NODE."""
-    pod = await create_pod(installed, POD, NODE)
+    pod = await create_pod(installed, POD, NODE, install)
     try:
-        yield await pod_token(installed, pod)
+        yield await pod_token(installed, pod, install=install)
     finally:
-        await delete_pod(installed, POD)
+        await delete_pod(installed, POD, install)
 
 
 @pytest.fixture
-def sa_dir(tmp_path: pathlib.Path, apiserver: ApiServer, token: str) -> pathlib.Path:
+def sa_dir(
+    tmp_path: pathlib.Path, apiserver: ApiServer, token: str, install: Install
+) -> pathlib.Path:
     """The projected volume's three files."""
     path = tmp_path / "serviceaccount"
     path.mkdir()
     (path / "token").write_text(token)
     shutil.copy(apiserver.ca_file, path / "ca.crt")
-    (path / "namespace").write_text(NAMESPACE)
+    (path / "namespace").write_text(install.namespace)
     return path
 
 
@@ -188,6 +223,7 @@ def plugins(dirs: KubeletDirs, tmp_path: pathlib.Path) -> Iterator[None]:
 @pytest.fixture
 def agent(
     apiserver: ApiServer,
+    install: Install,
     dirs: KubeletDirs,
     sa_dir: pathlib.Path,
     tmp_path: pathlib.Path,
@@ -195,7 +231,9 @@ def agent(
 ) -> Iterator[tuple[int, int]]:
     """`nodeagent run` as the DaemonSet's pod on NODE, READY; its (ops, public) ports."""
     ops_port, public_port = free_ports(2)
-    args, pod_env = pod_command(dirs, ops_port, public_port)
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    args, pod_env = pod_command(install, dirs, ops_port, public_port, config_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NOTIFY_", "WATCHDOG_"))}
     env.pop("NODE_NAME", None)
     host, _, port = apiserver.url.removeprefix("https://").rpartition(":")
@@ -280,6 +318,7 @@ def _slice(node: str, name: str) -> dict[str, Any]:
 
 async def test_the_daemonset_identity_publishes_its_node_and_only_its_node(
     apiserver: ApiServer,
+    install: Install,
     installed: KubeClient,
     token: str,
     agent: tuple[int, int],
@@ -304,6 +343,10 @@ async def test_the_daemonset_identity_publishes_its_node_and_only_its_node(
         return status.get("topologyPolicy") == "SingleNUMANodeContainerLevel"
 
     await _until(reported, "the CNR written")
+    if install.config_toml() is not None:
+        # The chart's config file is the agent's: the CNR was created with its default labels.
+        labels = ((await _cnr(admin, NODE)) or {})["metadata"].get("labels", {})
+        assert labels.get("team.example.com/owner") == "platform", labels
 
     # ... and its config condition, local first, then for a NodeAgentConfig naming the node.
     async def condition_reason(reason: str) -> bool:
@@ -331,12 +374,14 @@ async def test_the_daemonset_identity_publishes_its_node_and_only_its_node(
 
 
 async def test_the_daemonset_identity_cannot_write_another_nodes_objects(
-    apiserver: ApiServer, installed: KubeClient, token: str
+    apiserver: ApiServer, install: Install, installed: KubeClient, token: str
 ) -> None:
     admin = installed
     async with _client(apiserver, token) as pod:
         # RBAC and policies reach the apiserver's informers a moment after they are applied.
-        await _until(lambda: _slice_policy_enforced(pod), "the ResourceSlice policy in force")
+        await _until(
+            lambda: _slice_policy_enforced(pod, install), "the ResourceSlice policy in force"
+        )
         # Its own node's slices: create, update and delete allowed.
         own = msgspec.json.decode(await pod.create(RESOURCESLICES, _slice(NODE, "own-slice")))
         own["metadata"]["labels"] = {"a": "b"}
@@ -358,7 +403,7 @@ async def test_the_daemonset_identity_cannot_write_another_nodes_objects(
             await pod.delete(RESOURCESLICES, "foreign-slice")
         refusals.append(refused.value.message)
         for message in refusals:
-            assert "nodeagent-resourceslices-own-node-sa" in message
+            assert f"{install.policy_prefix}-resourceslices-own-node-sa" in message
             assert f"nodeagent on node {NODE} may write only ResourceSlices" in message
             assert f"not {OTHER}" in message
 
@@ -410,21 +455,23 @@ async def _dry_run_create(client: KubeClient, body: dict[str, Any]) -> None:
     )
 
 
-async def _slice_policy_enforced(client: KubeClient) -> bool:
+async def _slice_policy_enforced(client: KubeClient, install: Install) -> bool:
     try:
         await _dry_run_create(client, _slice(OTHER, "probe"))
     except errors.Forbidden as exc:
-        return "nodeagent-resourceslices-own-node-sa" in exc.message
+        return f"{install.policy_prefix}-resourceslices-own-node-sa" in exc.message
     return False
 
 
 async def test_a_token_not_bound_to_a_node_is_refused(
-    apiserver: ApiServer, installed: KubeClient, token: str
+    apiserver: ApiServer, install: Install, installed: KubeClient, token: str
 ) -> None:
     # `token` (bound) first proves the policies are in force, so the refusals below are theirs.
     async with _client(apiserver, token) as pod:
-        await _until(lambda: _slice_policy_enforced(pod), "the ResourceSlice policy in force")
-    unbound_token = await pod_token(installed, None)
+        await _until(
+            lambda: _slice_policy_enforced(pod, install), "the ResourceSlice policy in force"
+        )
+    unbound_token = await pod_token(installed, None, install=install)
     ours = {"type": CONDITION, "status": "True", "reason": "Local", "message": "test"}
     async with _client(apiserver, unbound_token) as unbound:
         with pytest.raises(errors.Forbidden) as refused:

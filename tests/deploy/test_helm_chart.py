@@ -1,0 +1,348 @@
+"""The Helm chart deploy/helm/nodeagent without a cluster, with the real `helm` (built from the
+Go module proxy by tests/helm/build.sh): `helm lint --strict`, `helm template` with the default
+values and with tests/deploy/helm-values-full.yaml validated strictly by kubernetes-validate for the
+harness's Kubernetes version, the values reaching the objects, the config values rendered into a
+TOML file the agent itself accepts, the refusals of bad values, and the one source of truth: the
+plain manifests of deploy/kubernetes (and the chart's copies of the CRDs and monitoring files) are
+exactly what scripts/render-manifests writes. test_helm_apply.py applies the objects to the real
+kube-apiserver; test_deploy_daemonset.py runs the agent as the chart's DaemonSet pod."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tomllib
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]  # no stubs or py.typed
+import msgspec
+import pytest
+
+import nodeagent
+from tests.deploy.manifests import CHART_RELEASE, CHART_VALUES, KUBERNETES_DIR, PLAIN
+from tests.deploy.test_deploy_schemas import harness_version
+from tests.support.crds import REPO_ROOT, load_manifest
+from tests.support.helm import CHART, helm, helm_binary, template
+
+VALUES = {"default": [], "full": [CHART_VALUES]}
+MONITORING_GROUP = "monitoring.coreos.com"
+# What `helm template` adds to the plain manifests' objects (the Namespace comes from the values).
+HELM_LABELS = ("app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart")
+
+
+def _full_values() -> dict[str, Any]:
+    values: dict[str, Any] = msgspec.yaml.decode(CHART_VALUES.read_bytes())
+    return values
+
+
+def _render(which: str) -> list[dict[str, Any]]:
+    if which == "default":
+        return template()
+    release, namespace = CHART_RELEASE
+    return template(release, namespace, VALUES[which])
+
+
+def _only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind]
+    return doc
+
+
+def _config_toml(tmp_path: pathlib.Path, config: dict[str, Any]) -> str:
+    """The config.toml the chart renders for ``config`` (a values file of its own)."""
+    values = tmp_path / "config-values.yaml"
+    values.write_bytes(msgspec.json.encode({"config": config}))  # JSON is YAML
+    configmap = template(values=[values], sets=["metrics.podAnnotations=false"])
+    text: str = _only([d for d in configmap if d["kind"] == "ConfigMap"], "ConfigMap")["data"][
+        "config.toml"
+    ]
+    return text
+
+
+def test_helm_is_the_pinned_version() -> None:
+    go_mod = (REPO_ROOT / "tests" / "helm" / "go.mod").read_text()
+    (pinned,) = re.findall(r"^\s*helm\.sh/helm/v3 (v\S+)", go_mod, re.M)
+    assert helm("version", "--template", "{{ .Version }}").stdout == pinned
+    assert helm_binary().parent.name.startswith("helm-")  # the cache of tests/helm/build.sh
+
+
+def test_the_chart_is_the_package_version() -> None:
+    chart = msgspec.yaml.decode((CHART / "Chart.yaml").read_bytes())
+    assert chart["version"] == chart["appVersion"] == nodeagent.__version__
+
+
+@pytest.mark.parametrize("which", VALUES)
+def test_lint_strict(which: str) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for path in VALUES[which]:
+        args += ["--values", str(path)]
+    answer = helm(*args, check=False)
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in answer.stdout
+    assert "[WARNING]" not in answer.stdout and "[ERROR]" not in answer.stdout
+
+
+def test_lint_strict_fails_on_a_broken_template(tmp_path: pathlib.Path) -> None:
+    # The same lint on a copy of the chart with a template that renders no valid YAML.
+    broken = tmp_path / "nodeagent"
+    subprocess.run(["cp", "-r", str(CHART), str(broken)], check=True)
+    path = broken / "templates" / "serviceaccount.yaml"
+    path.write_text(path.read_text().replace("kind: ServiceAccount", "kind: [ServiceAccount"))
+    answer = helm("lint", "--strict", str(broken), check=False)
+    assert answer.returncode != 0
+    assert "serviceaccount.yaml" in answer.stdout + answer.stderr
+
+
+@pytest.mark.parametrize("which", VALUES)
+def test_rendered_objects_are_valid_for_the_harness_version(which: str) -> None:
+    docs = _render(which)
+    kinds = {doc["kind"] for doc in docs}
+    assert {"ServiceAccount", "ClusterRole", "DaemonSet", "ValidatingAdmissionPolicy"} <= kinds
+    checked = 0
+    for doc in docs:
+        if doc["apiVersion"].startswith(MONITORING_GROUP):
+            continue  # no schema offline: test_helm_apply.py checks them against the CRDs
+        validated = kubernetes_validate.validate(doc, harness_version(), strict=True)
+        assert validated == harness_version().rsplit(".", 1)[0]
+        checked += 1
+    assert checked >= (8 if which == "default" else 17)
+
+
+def test_the_crds_are_in_the_charts_crds_directory() -> None:
+    docs = template(include_crds=True)
+    crds = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition")
+    assert crds == [
+        "customnoderesources.node.katalyst.kubewharf.io",
+        "nodeagentconfigs.nodeagent.io",
+    ]
+    assert not [d for d in template() if d["kind"] == "CustomResourceDefinition"]
+
+
+def test_render_manifests_reproduces_the_tree(tmp_path: pathlib.Path) -> None:
+    """deploy/kubernetes, the chart's crds/ and files/ are byte for byte what the script writes."""
+    answer = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "render-manifests"), "--out", str(tmp_path)],
+        env=os.environ | {"NODEAGENT_HELM": str(helm_binary())},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert answer.returncode == 0, answer.stderr
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    chart = CHART.relative_to(REPO_ROOT)
+    expected = sorted(
+        [p.relative_to(REPO_ROOT) for p in KUBERNETES_DIR.glob("*.yaml")]
+        + [p.relative_to(REPO_ROOT) for p in (CHART / "crds").iterdir()]
+        + [p.relative_to(REPO_ROOT) for p in (CHART / "files").iterdir()]
+    )
+    assert written == expected
+    assert len([p for p in written if p.parent == chart / "crds"]) == 2
+    stale = [
+        str(path)
+        for path in written
+        if (tmp_path / path).read_bytes() != (REPO_ROOT / path).read_bytes()
+    ]
+    assert not stale, f"run scripts/render-manifests: {stale} differ from the chart's output"
+
+
+def test_the_plain_manifests_are_the_charts_default_values() -> None:
+    """What the default values install is the plain manifests' DaemonSet install, objects and
+    fields alike, but for the labels saying Helm manages them (and the Namespace, which
+    `helm install --create-namespace` makes)."""
+    plain_files = [KUBERNETES_DIR / "nodeagent.yaml"]
+    plain = [doc for path in plain_files for doc in load_manifest(path)]
+    charted = template(sets=["createNamespace=true"])
+    for doc in charted:
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        for key in HELM_LABELS:
+            del labels[key]
+        template_labels = doc.get("spec", {}).get("template", {}).get("metadata", {})
+        for key in HELM_LABELS:
+            template_labels.get("labels", {}).pop(key, None)
+    assert charted == plain
+
+
+def test_full_values_reach_the_daemonset() -> None:
+    values = _full_values()
+    daemonset = _only(_render("full"), "DaemonSet")
+    _, namespace = CHART_RELEASE
+    assert daemonset["metadata"]["namespace"] == namespace
+    pod = daemonset["spec"]["template"]
+    spec = pod["spec"]
+    ds = values["daemonset"]
+    assert spec["tolerations"] == ds["tolerations"]
+    assert spec["nodeSelector"] == ds["nodeSelector"]
+    assert spec["affinity"] == ds["affinity"]
+    assert spec["imagePullSecrets"] == values["imagePullSecrets"]
+    assert spec["serviceAccountName"] == values["serviceAccount"]["name"]
+    assert daemonset["spec"]["updateStrategy"] == ds["updateStrategy"]
+    (container,) = spec["containers"]
+    image = values["image"]
+    assert container["image"] == f"{image['repository']}:{image['tag']}"
+    assert container["imagePullPolicy"] == image["pullPolicy"]
+    assert container["resources"] == ds["resources"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": ds["metricsPort"]}]
+    assert f"--ops-address=127.0.0.1:{ds['opsPort']}" in container["args"]
+    assert f"--state-dir={ds['hostStateDir']}" in container["args"]
+    assert pod["metadata"]["annotations"]["prometheus.io/port"] == str(ds["metricsPort"])
+    assert pod["metadata"]["labels"]["example.com/tier"] == "node"
+    for doc in _render("full"):
+        assert doc["metadata"]["labels"]["team.example.com/owner"] == "platform", doc["kind"]
+
+
+def test_every_object_names_the_release() -> None:
+    release, namespace = CHART_RELEASE
+    docs = _render("full")
+    user = f"system:serviceaccount:{namespace}:agent"
+    policies = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert len(policies) == 4  # the DaemonSet's three and the node-credentials CNR policy
+    for policy in policies:
+        assert policy["metadata"]["name"].startswith(f"{release}-nodeagent")
+        for condition in policy["spec"].get("matchConditions", []):
+            if "serviceaccount" in condition["expression"]:
+                assert condition["expression"] == f"request.userInfo.username == '{user}'"
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding"
+        and "subjects" in d
+        and d["subjects"][0]["kind"] == "ServiceAccount"
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "agent", "namespace": namespace}
+    ]
+
+
+def test_the_config_values_are_the_agents_config_file(tmp_path: pathlib.Path) -> None:
+    """The full values' config renders to a TOML file that `nodeagent check-config` accepts and
+    whose effective values are the ones given (integers stay integers)."""
+    values = _full_values()["config"]
+    text = _config_toml(tmp_path, values)
+    assert tomllib.loads(text) == values
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    answer = subprocess.run(
+        [sys.executable, "-m", "nodeagent", "check-config", str(path), "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert answer.returncode == 0, answer.stdout + answer.stderr
+    effective = json.loads(answer.stdout)
+    for section, fields in values.items():
+        for key, value in fields.items():
+            assert effective[section][key] == value, f"{section}.{key}"
+
+
+def test_the_toml_rendering_round_trips(tmp_path: pathlib.Path) -> None:
+    config = {
+        "strings": {
+            "quotes": 'say "hi"',
+            "backslash": "C:\\path\\",
+            "newline": "a\nb\tc",
+            "unicode": "Grüße ✓ <&>",
+            "empty": "",
+            "needs.quoting/key": "x",
+            "spaced key": "y",
+        },
+        "numbers": {
+            "zero": 0,
+            "negative": -7,
+            "large": 2**40,
+            "fraction": 0.25,
+            "small": 0.001,
+            "huge": 1e300,
+            "integral_float": 2.5e10,
+        },
+        "lists": {
+            "ints": [0, 65532],
+            "strings": ["/var/lib/kubelet/plugins", 'q"'],
+            "empty": [],
+            "mixed_tables": [{"a": 1, "b": "two"}],
+        },
+        "flags": {"on": True, "off": False},
+        "nested": {"deeper": {"deepest": {"leaf": 1}}, "value": "v"},
+        "empty_table": {},
+    }
+    parsed = tomllib.loads(_config_toml(tmp_path, config))
+    assert parsed == config
+    # Integers the values wrote as integers stay integers (the agent's int fields refuse 5.0).
+    assert type(parsed["numbers"]["large"]) is int
+    assert type(parsed["lists"]["ints"][1]) is int
+    assert type(parsed["numbers"]["fraction"]) is float
+    assert math.isclose(parsed["numbers"]["huge"], 1e300)
+
+
+def test_a_null_config_value_is_refused(tmp_path: pathlib.Path) -> None:
+    values = tmp_path / "null.yaml"
+    values.write_text("config:\n  agent:\n    log_level: null\n")
+    answer = helm("template", "x", str(CHART), "--values", str(values), check=False)
+    assert answer.returncode != 0
+    assert "config.agent.log_level: TOML has no null" in answer.stderr, answer.stderr
+
+
+@pytest.mark.parametrize(
+    ("assignment", "named"),
+    [
+        ("daemonset.opsPrt=1", "opsPrt"),
+        ("daemonset.metricsPort=http", "/daemonset/metricsPort"),
+        ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
+        ("metrics.podMonitor.enable=true", "enable"),
+        ("config.ops.address=0.0.0.0:1", "config.ops.address"),
+        ("config.agent.node_name=x", "config.agent.node_name"),
+        ("config.plugins.registry_dir=/x", "config.plugins.registry_dir"),
+    ],
+)
+def test_a_bad_value_is_refused_naming_it(assignment: str, named: str) -> None:
+    answer = helm("template", "x", str(CHART), "--set", assignment, check=False)
+    assert answer.returncode != 0
+    assert named in answer.stderr, answer.stderr
+
+
+def test_the_monitoring_objects_carry_deploy_monitoring() -> None:
+    docs = _render("full")
+    daemonset = _only(docs, "DaemonSet")
+    pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    rule = _only(docs, "PrometheusRule")
+    alerts = msgspec.yaml.decode(
+        (REPO_ROOT / "deploy" / "monitoring" / "nodeagent-alerts.yaml").read_bytes()
+    )
+    assert rule["spec"] == alerts
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    dashboard = [
+        d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")
+    ]
+    (configmap,) = dashboard
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads(
+        (REPO_ROOT / "deploy" / "monitoring" / "nodeagent-dashboard.json").read_text()
+    )
+    assert json.loads(configmap["data"]["nodeagent-dashboard.json"]) == shipped
+    podmonitor = _only(docs, "PodMonitor")
+    selector = podmonitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert podmonitor["spec"]["podMetricsEndpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "30s"}
+    ]
+    service = _only(docs, "Service")
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"][0]["targetPort"] == "metrics"
+    servicemonitor = _only(docs, "ServiceMonitor")
+    assert (
+        servicemonitor["spec"]["selector"]["matchLabels"].items()
+        <= service["metadata"]["labels"].items()
+    )
+    # None of it by default.
+    kinds = {d["kind"] for d in _render("default")}
+    assert not kinds & {"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap"}
+
+
+def test_plain_install_is_the_default_namespace_and_account() -> None:
+    assert (PLAIN.namespace, PLAIN.service_account, PLAIN.policy_prefix) == ("nodeagent",) * 3
