@@ -88,6 +88,21 @@ class _Field:
             return QueryStatus(name, QueryState.RELISTING, reason)
         return QueryStatus(name, QueryState.SYNCED)
 
+    def unready(self, now: float, bound: float) -> str | None:
+        """The status reason if its consumer must not count as ready: at once for a query never
+        listed, Forbidden or unresolved; for one known before that stopped being known (a
+        relist under way or failing) only once that lasted longer than ``bound``, so that a
+        brief control-plane restart does not flip readiness."""
+        st = self.status()
+        if st.state is QueryState.SYNCED:
+            return None
+        if st.state is QueryState.RELISTING:
+            since = self.sink.unknown_since
+            if since is None or now - since <= bound:
+                return None
+            return f"{st.reason} (not known for {now - since:.0f}s, bound {bound:g}s)"
+        return st.reason
+
     def alarm(self) -> str | None:
         """The status reason if an operator must hear about it (a relist merely under way is
         not worth a readiness failure; one that failed is)."""
@@ -176,6 +191,14 @@ class Accumulator:
     def not_ready_reason(self) -> str | None:
         """Why the snapshot is not (fully) trustworthy, for readiness; None when it is."""
         return "; ".join(f"{name}: {why}" for name, why in self.problems().items()) or None
+
+    def unready_reason(self) -> str | None:
+        """Why the consumer must not count as ready (None: it may): a query never listed,
+        Forbidden or unresolved at once; a watch that cannot be kept (a query known before
+        and not since, relisting or failing to) only after `unknown_bound` seconds."""
+        now, bound = trio.current_time(), self.settings.unknown_bound
+        reasons = [f"{f.query.name}: {why}" for f in self._fields if (why := f.unready(now, bound))]
+        return "; ".join(reasons) or None
 
     def _pending(self) -> bool:
         """update() has something to show: a query that is not relisting has changes (a

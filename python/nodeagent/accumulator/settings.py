@@ -21,11 +21,15 @@ class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     local_write_ttl: float = 60.0
     # Watch chunks and List pages at least this many bytes are parsed in a worker thread.
     thread_threshold: int = 65536
+    # Seconds a query may stay not known after it was known (relisting after a 410, its relist
+    # failing) before the component it serves turns not ready: a watch that cannot be kept.
+    # Longer than a brief control-plane restart. A Forbidden list is reported at once.
+    unknown_bound: float = 120.0
 
     def validate(self) -> None:
         # inf would be "never" (no notification under churn, no retry, own writes shown
         # forever) and nan compares false everywhere: both refused.
-        for name in ("max_interval", "forbidden_retry", "local_write_ttl"):
+        for name in ("max_interval", "forbidden_retry", "local_write_ttl", "unknown_bound"):
             check_seconds(f"accumulator.{name}", getattr(self, name))
         if self.thread_threshold < 0:
             raise ConfigError("accumulator.thread_threshold", self.thread_threshold, "must be >= 0")

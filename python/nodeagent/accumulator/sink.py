@@ -46,6 +46,9 @@ class StoreSink:
         # Lists completed: each one makes the query known again, which the consumer must hear
         # of even when the list changed no object.
         self.lists_completed = 0
+        # When the query, known before, stopped being known (Trio time; None: known, or never
+        # listed): readiness gives a relist a bound before it counts as a watch not kept.
+        self.unknown_since: float | None = None
         # A streaming list (initial watch events instead of List pages) had a malformed event:
         # an object held might be the one we could not read, so the relist deletes nothing.
         self.initial_malformed = False
@@ -57,6 +60,7 @@ class StoreSink:
 
     async def begin_list(self) -> None:
         self.store.begin_list()
+        self._lost()
         self.listing = True
         self.initial_malformed = False
 
@@ -92,6 +96,7 @@ class StoreSink:
         self.list_error = None
         self.list_failures = 0
         self.gap = None
+        self.unknown_since = None
         self.lists_completed += 1
         if self.forbidden is not None:
             self.forbidden = None
@@ -107,7 +112,12 @@ class StoreSink:
         """The watch loop lost events (``reason``: why the watch ended) and will relist."""
         if self.gap is None:
             log.info("events missing: relisting", query=self.query, reason=reason)
+        self._lost()
         self.gap = reason
+
+    def _lost(self) -> None:
+        if self.synced and self.unknown_since is None and not self.stale:
+            self.unknown_since = trio.current_time()
 
     def list_failed(self, error: Exception, retry_in: float) -> None:
         """The watch loop's (re)list failed and will be retried in ``retry_in`` seconds."""

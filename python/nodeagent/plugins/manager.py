@@ -14,6 +14,7 @@ from typing import Any
 
 import trio
 
+from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
@@ -63,6 +64,8 @@ class PluginManager:
         # A LatestValue makes the intervals live: each wait reads the newest settings.
         self.live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
         settings = self.live.value
+        # Sockets unreachable, bounded by plugins.unreachable_bound.
+        self._unreachable: Lapses[str] = Lapses("plugins", "unreachable_plugins")
         uid_allowed = uid_check or allowed_uids_check(settings.allowed_uids)
         if handlers is None:
             handlers = [
@@ -168,6 +171,13 @@ class PluginManager:
             return False, "plugin registry not scanned yet"
         if self._watcher.scan_error:
             return False, f"plugin registry scan failing: {self._watcher.scan_error}"
+        unreachable = self._unreachable_now()
+        now = trio.current_time()
+        lapses = self._unreachable.observe(unreachable, now)
+        bound = self.live.value.unreachable_bound
+        worst = overdue(lapses, now, bound)
+        if worst is not None:
+            return False, describe("a plugin unreachable", worst, now, bound, len(lapses) - 1)
         states = [r.state for r in self._caches.records.values()]
         registered = states.count(PluginState.REGISTERED)
         failing = len(states) - registered
@@ -178,7 +188,33 @@ class PluginManager:
             if r.state is PluginState.REGISTERED and _self_publishing(r.plugin_type, r.versions)
         )
         publishing = f" ({own} self-publishing)" if own else ""
-        return True, f"{registered} plugins registered{publishing}, {failing} not registered"
+        failing_now = (
+            "; " + describe("a plugin unreachable", lapses[0], now, bound, len(lapses) - 1)
+            if lapses
+            else ""
+        )
+        return True, (
+            f"{registered} plugins registered{publishing}, {failing} not registered{failing_now}"
+        )
+
+    def _unreachable_now(self) -> dict[str, str]:
+        """Plugin sockets the agent cannot reach now, by socket, with why: registration
+        failing, probes failing, or the plugin's stream down (backing off)."""
+        out: dict[str, str] = {}
+        for r in self._caches.records.values():
+            who = r.name or r.socket
+            if r.state is PluginState.FAILED or (
+                r.state is PluginState.REGISTERING and r.last_error
+            ):
+                out[r.socket] = f"{who}: {r.last_error or 'registration failing'}"
+            elif r.state is PluginState.REGISTERED:
+                if r.probe_failures:
+                    out[r.socket] = f"{who}: {r.probe_failures} probes failed in a row"
+                    continue
+                stream = self._stream_status(r.plugin_type, r.name, r.socket)
+                if stream.get("stream_state") == "backoff":
+                    out[r.socket] = f"{who}: stream down: {stream.get('stream_error') or '?'}"
+        return out
 
     # -- composition -------------------------------------------------------------------------
 

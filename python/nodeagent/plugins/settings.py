@@ -57,6 +57,9 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Seconds a deregistered plugin's last data is kept (marked registered=False) before it is
     # forgotten (Katalyst's 5 min endpoint grace).
     deregistered_data_grace: float = 300.0
+    # Seconds a plugin socket may stay unreachable (registration failing, probes failing, its
+    # stream down and backing off) before `plugins` turns not ready.
+    unreachable_bound: float = 120.0
     # Reporter plugins are also polled (unary GetReportContent, all at once) every this many
     # seconds, each call bounded by the timeout (Katalyst: 5 s, 10 s): a plugin that only answers
     # the unary call, or whose stream ended, still reports; a failed poll keeps the last report.
@@ -94,6 +97,7 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "stream_backoff_max",
             "stream_healthy_after",
             "deregistered_data_grace",
+            "unreachable_bound",
             "report_poll_interval",
             "report_poll_timeout",
         ):

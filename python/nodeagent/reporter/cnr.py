@@ -210,6 +210,7 @@ class CnrWriter:
         self.observed: dict[str, Any] | None = None
         self.synced = False  # the observed CNR matches the merge
         self.error: str | None = None  # why the last write failed
+        self.synced_at: float | None = None  # when the CNR was last in sync (Trio time)
         self.writes = 0
         self._reported_bad: set[BadField] = set()
         self._backoff = Backoff(
@@ -362,12 +363,12 @@ class CnrWriter:
         plan = write_plan(self.node_name, merged, observed)
         if not plan:
             metrics.WRITES.labels("none", "unchanged").inc()
-            self.synced, self.error = True, None
+            self.synced, self.error, self.synced_at = True, None, trio.current_time()
             self._settle()
             return False
         for verb, body in plan:
             await self._write(verb, body)
-        self.synced, self.error = True, None
+        self.synced, self.error, self.synced_at = True, None, trio.current_time()
         # Our writes are in the snapshot at once (read-your-writes), and this update takes the
         # news of them, so no later change may come to wake the loop: check here, once.
         self._acc.update(self._snap)

@@ -41,6 +41,9 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     # cnr_retry_max (up to half shorter, jittered).
     cnr_retry_initial: float = 1.0
     cnr_retry_max: float = 60.0
+    # Seconds CNR writes may keep failing, after the CNR was once in sync, before `reporter`
+    # turns not ready (longer than a brief control-plane restart).
+    cnr_failure_bound: float = 120.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
@@ -53,7 +56,7 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
                 self.cnr_min_write_interval,
                 "must be a finite number >= 0",
             )
-        for name in ("cnr_retry_initial", "cnr_retry_max"):
+        for name in ("cnr_retry_initial", "cnr_retry_max", "cnr_failure_bound"):
             check_seconds(f"reporter.{name}", getattr(self, name))
         if self.cnr_retry_max < self.cnr_retry_initial:
             raise ConfigError(

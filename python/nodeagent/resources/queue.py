@@ -69,6 +69,12 @@ class WorkQueue(Generic[K]):
         heapq.heappush(self._heap, (at, self._seq, key))
         self._wakeup.set()
 
+    def waiting(self) -> dict[K, float]:
+        """Keys queued (waiting or due, or added again while processing) and when each one's
+        latest run started (-inf: never)."""
+        keys = [*self._ready_at, *self._again]
+        return {k: self._last_start.get(k, -math.inf) for k in keys}
+
     def failures(self, key: K) -> int:
         return self._failures.get(key, 0)
 

@@ -33,6 +33,10 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     # answer for the same request) is tried again with an unchanged inventory; a new inventory
     # is tried at once.
     invalid_retry_interval: float = 600.0
+    # Seconds a pool may stay unpublished (its writes failing, or its changes held back) after
+    # it was last published before `resources` turns not ready; longer than a brief
+    # control-plane restart, which must not flip readiness.
+    publish_failure_bound: float = 120.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
@@ -40,7 +44,12 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")
-        for name in ("retry_backoff_initial", "retry_backoff_max", "invalid_retry_interval"):
+        for name in (
+            "retry_backoff_initial",
+            "retry_backoff_max",
+            "invalid_retry_interval",
+            "publish_failure_bound",
+        ):
             check_seconds(f"resources.{name}", getattr(self, name))
         if self.thread_threshold < 0:
             raise ConfigError("resources.thread_threshold", self.thread_threshold, "must be >= 0")

@@ -148,7 +148,9 @@ class Agent:
         )
         self.ops = OpsServer(config.ops, self)
         self.cluster = cluster or ClusterComponent(
-            config.kube, probe_interval=config.agent.cluster_probe_interval
+            config.kube,
+            probe_interval=config.agent.cluster_probe_interval,
+            unreachable_bound=config.agent.apiserver_unreachable_bound,
         )
         self.extra_components = list(extra_components)
         if (unready := debug.unready_when()) is not None:

@@ -22,6 +22,7 @@ import trio
 
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.settings import KubeSettings, load_client
 from nodeagent.log import get_logger
@@ -67,6 +68,7 @@ class ClusterComponent:
         load_client: LoadClient = load_client,
         probe: Probe = probe_apiserver,
         probe_interval: float = 30.0,
+        unreachable_bound: float = 120.0,
     ) -> None:
         self.settings = settings
         self._load_client = load_client
@@ -78,6 +80,11 @@ class ClusterComponent:
         self.server_version: str | None = None
         self._ready: Readiness = (False, "connecting")
         self._probes_since_version = 0
+        # Once connected, an apiserver unreachable for up to this long (a control-plane
+        # restart) keeps `kube` ready; never connected, it is not ready at once.
+        self.unreachable_bound = unreachable_bound
+        self._unreachable = Lapses[str](self.name, "apiserver_unreachable")
+        self._connected_once = False
 
     def preflight(self) -> None:
         """Build (not connect) the client once, so an unusable kubeconfig is a start-up
@@ -130,8 +137,11 @@ class ClusterComponent:
             version = await self._probe(client, known)
         except Exception as exc:
             self._ready = (False, f"apiserver unreachable: {exc}")
+            self._unreachable.observe({"apiserver": str(exc)}, trio.current_time())
             log.warning("apiserver probe failed", error=str(exc))
             return False
+        self._unreachable.clear()
+        self._connected_once = True
         self._probes_since_version = 1 if known is None else self._probes_since_version + 1
         if version != self.server_version:
             log.info("connected to the apiserver", version=version)
@@ -140,4 +150,13 @@ class ClusterComponent:
         return True
 
     def readiness(self) -> Readiness:
-        return self._ready
+        ready, reason = self._ready
+        if ready or not self._connected_once:
+            return ready, reason
+        now = trio.current_time()
+        error = reason.removeprefix("apiserver unreachable: ")
+        lapses = self._unreachable.observe({"apiserver": error}, now)
+        if overdue(lapses, now, self.unreachable_bound) is not None:
+            return False, reason
+        # A control-plane restart: the agent keeps working from what it holds.
+        return True, describe("apiserver unreachable", lapses[0], now, self.unreachable_bound)

@@ -19,6 +19,7 @@ import trio
 
 from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.client import KubeClient
@@ -48,6 +49,14 @@ class ResourcesComponent:
         self._client = client
         self.accumulator: Accumulator | None = None
         self.publisher: Publisher | None = None
+        # Pools not published (writes failing, changes held back), bounded by
+        # resources.publish_failure_bound.
+        self._unpublished: Lapses[tuple[str, str]] = Lapses(self.name, "unpublished_pools")
+
+    @property
+    def _bound(self) -> float:
+        s = self._settings
+        return (s.value if isinstance(s, LatestValue) else s).publish_failure_bound
 
     @property
     def standalone(self) -> bool:
@@ -89,17 +98,39 @@ class ResourcesComponent:
             return False, f"reading this node's slices ({acc.not_ready_reason()})"
         if not pub.synced:
             return False, "waiting for the first snapshot of this node's slices"
+        now, bound = trio.current_time(), self._bound
         blocked = pub.blocked()
+        held = ""
         if blocked is not None:
-            return False, f"nothing is written: {blocked}"
+            # A relist under way holds writes back; it is not a readiness failure until the
+            # watch cannot be kept for accumulator.unknown_bound (a brief control-plane
+            # restart). A Forbidden list or a missing Node is one at once.
+            unready = acc.unready_reason() if acc is not None else None
+            if unready is not None or not blocked.startswith("the observed state is not known"):
+                return False, f"nothing is written: {blocked}"
+            held = f"; writes held back: {blocked}"
         failing = pub.failing()
-        if failing:
-            (driver, pool), error = sorted(failing.items())[0]
+        # Refused pools (foreign slices) and pools the API server rejects as invalid do not
+        # heal with time: reported at once.
+        lasting = {k: e for k, e in failing.items() if k in pub.refused() or k in pub.invalid()}
+        if lasting:
+            _key, error = sorted(lasting.items())[0]
             more = f" (+{len(failing) - 1} more pools)" if len(failing) > 1 else ""
-            if (driver, pool) in pub.refused() or (driver, pool) in pub.invalid():
-                return False, f"{error}{more}"
-            return False, f"writing pool {pool} of driver {driver} fails: {error}{more}"
-        return True, f"{counts} desired, {pub.pending()} pools pending{problems}"
+            return False, f"{error}{more}"
+        transient = {k: f"writing it fails: {e}" for k, e in failing.items() if k not in lasting}
+        waiting = {k: t for k, t in pub.waiting().items() if k not in transient}
+        for key in waiting:
+            transient[key] = "its changes are not written yet (held back or retried later)"
+        lapses = self._unpublished.observe(transient, now, waiting)
+        worst = overdue(lapses, now, bound)
+        if worst is not None:
+            driver, pool = worst.key
+            what = f"pool {pool} of driver {driver} not published"
+            return False, describe(what, worst, now, bound, len(lapses) - 1)
+        if lapses and failing:
+            (driver, pool), error = sorted(failing.items())[0]
+            held += f"; writing pool {pool} of driver {driver} fails (retrying): {error}"
+        return True, f"{counts} desired, {pub.pending()} pools pending{problems}{held}"
 
     def view(self) -> dict[str, Any]:
         """What /v1/resourceslices shows: the desired slices, plus the sync state in cluster

@@ -39,6 +39,9 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     restart_backoff_reset_after: float = 120.0
     # Seconds between apiserver reachability probes (GET /version, /readyz) in cluster mode.
     cluster_probe_interval: float = 30.0
+    # Seconds the apiserver may stay unreachable, once connected, before `kube` turns not ready
+    # (longer than a brief control-plane restart, which must not flip readiness).
+    apiserver_unreachable_bound: float = 120.0
 
     def validate(self) -> None:
         # The rule the kubelet applies to --hostname-override.
@@ -54,6 +57,7 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # The main loop's tick: faster than 100 Hz is a busy loop, not a heartbeat.
         _positive("agent.heartbeat_interval", self.heartbeat_interval, minimum=0.01, maximum=60)
         _positive("agent.healthz_stale_after", self.healthz_stale_after)
+        _positive("agent.apiserver_unreachable_bound", self.apiserver_unreachable_bound)
         if self.healthz_stale_after <= self.heartbeat_interval:
             raise ConfigError(
                 "agent.healthz_stale_after",

@@ -57,10 +57,65 @@ async def test_cluster_readiness_follows_the_probe(autojump_clock: trio.testing.
         assert cluster.readiness() == (True, "connected (apiserver v1.33.0)")
         await trio.sleep(10)
         await trio.testing.wait_all_tasks_blocked()
-        assert cluster.readiness() == (False, "apiserver unreachable: connection refused")
+        # Once connected, an unreachable apiserver (a control-plane restart) is reported but
+        # keeps the component ready within agent.apiserver_unreachable_bound (120 s).
+        assert cluster.readiness() == (
+            True,
+            "apiserver unreachable for 0s (bound 120s): connection refused",
+        )
         await trio.sleep(10)
         await trio.testing.wait_all_tasks_blocked()
         assert cluster.readiness() == (True, "connected (apiserver v1.33.1)")
+        nursery.cancel_scope.cancel()
+
+
+async def test_apiserver_unreachable_longer_than_the_bound_is_not_ready(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    outcomes: list[str | Exception] = ["v1.35.0", OSError("connection refused")]
+
+    async def probe(client: Any, known: str | None) -> str:
+        outcome = outcomes.pop(0) if len(outcomes) > 1 else outcomes[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    cluster = ClusterComponent(
+        KubeSettings(),
+        load_client=lambda s: object(),  # type: ignore[arg-type,return-value]  # a fake client
+        probe=probe,
+        probe_interval=10,
+        unreachable_bound=30,
+    )
+    cluster.preflight()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cluster.run)
+        await trio.sleep(10.5)  # connected at 0, unreachable from the probe at 10
+        ready, reason = cluster.readiness()
+        assert ready and reason.startswith("apiserver unreachable for 0s (bound 30s)"), reason
+        await trio.sleep(29)
+        assert cluster.readiness()[0]
+        await trio.sleep(2)  # 31 s unreachable
+        assert cluster.readiness() == (False, "apiserver unreachable: connection refused")
+        nursery.cancel_scope.cancel()
+
+
+async def test_apiserver_never_reached_is_not_ready_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def probe(client: Any, known: str | None) -> str:
+        raise OSError("connection refused")
+
+    cluster = ClusterComponent(
+        KubeSettings(),
+        load_client=lambda s: object(),  # type: ignore[arg-type,return-value]  # a fake client
+        probe=probe,
+    )
+    cluster.preflight()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(cluster.run)
+        await trio.sleep(0.5)
+        assert cluster.readiness() == (False, "apiserver unreachable: connection refused")
         nursery.cancel_scope.cancel()
 
 
