@@ -176,12 +176,14 @@ class DynconfigComponent:
             nursery.start_soon(self.controller.run_trials, self._reports, self._watchdog_age)
             nursery.start_soon(self._post_events)
             nursery.start_soon(self._write_conditions)
-            while not await self._crd_served():
-                # An optional kind: the agent runs its local (or checkpointed) config meanwhile.
-                if not self.started:
-                    self.started = True
-                    task_status.started()
-                await trio.sleep(self._retry)
+            # Started before any cluster lookup: the local (or checkpointed) config runs
+            # meanwhile, and READY must not wait for an apiserver that does not answer.
+            self.started = True
+            task_status.started()
+            while True:
+                if await self._crd_served():
+                    break
+                await trio.sleep(self._retry)  # an optional kind: looked for again
             self.crd_missing = None
             # Two accumulators: the Node's status changes often (the kubelet, and this
             # component's own condition write), and in one accumulator each would hold the next
@@ -211,9 +213,6 @@ class DynconfigComponent:
             for acc in self.accumulators:
                 await nursery.start(acc.run)
                 nursery.start_soon(wake.forward, acc)
-            if not self.started:
-                self.started = True
-                task_status.started()
             snap = _Snap()
             labels: dict[str, str] | None = None
             # A selection is owed from the first change it could not run for until it runs: a
@@ -405,6 +404,11 @@ class DynconfigComponent:
             return True, (
                 f"the NodeAgentConfig CRD is not served ({self.crd_missing}): running "
                 f"{self.controller.active.name} config"
+            )
+        if not self.accumulators:
+            return True, (
+                f"looking for the NodeAgentConfig kind: running {self.controller.active.name} "
+                "config"
             )
         problems = [r for acc in self.accumulators if (r := acc.not_ready_reason())]
         if problems:

@@ -22,6 +22,7 @@ from nodeagent.accumulator import Accumulator
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.core.backoff import Backoff
+from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.client import KubeClient
@@ -78,6 +79,10 @@ class ReporterComponent:
         self.crd_missing: str | None = None
         # Why the CNR kind is not known yet: discovery failed (the apiserver does not answer).
         self.discovery_error: str | None = None
+        # CNR writes failing after it was once in sync, bounded by reporter.cnr_failure_bound.
+        self._write_failing: Lapses[str] = Lapses(self.name, "cnr_writes")
+        # A lookup of the kind is in flight (the first one runs after the component started).
+        self.looking_up = False
 
     @property
     def _settings(self) -> ReporterSettings:
@@ -97,23 +102,23 @@ class ReporterComponent:
                 task_status.started()
                 return
             client = self._client
+            # Started before the kind is looked up: a cluster without the CRD, or an apiserver
+            # that does not answer yet (a node booted before its control plane, a lookup that
+            # hangs), must not hold the agent's other work or its READY to systemd. The merge
+            # is shown meanwhile; the kind is looked for again (a missing CRD every
+            # cnr_retry_max, an unanswered discovery sooner, with backoff).
+            merging = trio.CancelScope()
+            await nursery.start(self._merge_only, store, merging)
+            task_status.started()
+            task_status = trio.TASK_STATUS_IGNORED
             if not await self._crd_served(client):
-                # A cluster without the CRD, or an apiserver that does not answer yet (a node
-                # booted before its control plane): the agent's other work, and its READY to
-                # systemd, must not wait for an optional kind. The merge is shown meanwhile;
-                # the kind is looked for again (a missing CRD every cnr_retry_max, an
-                # unanswered discovery sooner, with backoff).
-                merging = trio.CancelScope()
-                await nursery.start(self._merge_only, store, merging)
-                task_status.started()
-                task_status = trio.TASK_STATUS_IGNORED
                 retry = Backoff(self._settings.cnr_retry_initial, self._settings.cnr_retry_max)
                 while True:
                     wait = self._settings.cnr_retry_max if self.crd_missing else retry.next()
                     await trio.sleep(wait)
                     if await self._crd_served(client):
                         break
-                merging.cancel()
+            merging.cancel()
             self.crd_missing = None
             acc = Accumulator(client, [cnr_query(self.node_name)], self._accumulator_settings)
             writer = CnrWriter(
@@ -142,6 +147,7 @@ class ReporterComponent:
 
     async def _crd_served(self, client: KubeClient) -> bool:
         """Whether the apiserver serves the CNR kind (False also when discovery fails)."""
+        self.looking_up = True
         try:
             await client.discover(CNR_API_VERSION, CNR_KIND)
             self.discovery_error = None
@@ -154,6 +160,8 @@ class ReporterComponent:
             self.discovery_error = str(exc)
             log.warning("discovering the CNR kind failed: retrying", error=str(exc))
             return False
+        finally:
+            self.looking_up = False
 
     def readiness(self) -> Readiness:
         writer, acc = self.writer, self.accumulator
@@ -168,6 +176,11 @@ class ReporterComponent:
                 f"looking for the CustomNodeResource kind fails ({self.discovery_error}): "
                 f"{fields} CNR fields merged, not written{problems}"
             )
+        if self.looking_up and self.crd_missing is None:
+            return False, (
+                "looking for the CustomNodeResource kind (the apiserver has not answered yet): "
+                f"{fields} CNR fields merged, not written{problems}"
+            )
         if self.crd_missing is not None:
             return True, (
                 f"the CustomNodeResource CRD is not installed ({self.crd_missing}): {fields} CNR "
@@ -175,13 +188,26 @@ class ReporterComponent:
             )
         if writer.standalone:
             return True, f"standalone: {fields} CNR fields merged, not written{problems}"
-        if acc is not None and acc.problems():
-            return False, f"reading this node's CNR ({acc.not_ready_reason()})"
-        if writer.error is not None:
+        if acc is not None and (unready := acc.unready_reason()) is not None:
+            return False, f"reading this node's CNR ({unready})"
+        now, bound = trio.current_time(), self._settings.cnr_failure_bound
+        if writer.error is None:
+            self._write_failing.clear()
+        elif writer.synced_at is None:
+            # Never in sync in this run: nothing to keep serving from, reported at once.
             return False, f"writing the CNR fails: {writer.error}"
-        if not writer.synced:
+        else:
+            last_ok = {"cnr": writer.synced_at}
+            lapses = self._write_failing.observe({"cnr": writer.error}, now, last_ok)
+            if overdue(lapses, now, bound) is not None:
+                return False, describe("writing the CNR fails", lapses[0], now, bound)
+            problems += "; " + describe("writing the CNR fails", lapses[0], now, bound)
+        if writer.synced_at is None:
             return False, "waiting for the first CNR sync"
-        return True, f"{fields} CNR fields in sync{problems}"
+        if acc is not None and (reading := acc.not_ready_reason()) is not None:
+            problems += f"; reading this node's CNR: {reading}"
+        state = "in sync" if writer.synced else "not in sync"
+        return True, f"{fields} CNR fields {state}{problems}"
 
     def view(self) -> dict[str, Any]:
         """What /v1/cnr shows."""
