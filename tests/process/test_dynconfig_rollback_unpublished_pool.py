@@ -77,13 +77,12 @@ def test_remote_config_holding_pool_writes_back_is_rolled_back_at_run_time(
             ),
             "the remote config applied",
         )
-        condition = until(
-            lambda: (
-                (c := _condition(apiserver, NODE)) is not None and c["reason"] == "RolledBack" and c
-            ),
-            "the RolledBack condition",
-            timeout=60,
-        )
+
+        def rolled_back() -> dict[str, str] | None:
+            c = _condition(apiserver, NODE)
+            return c if c is not None and c["reason"] == "RolledBack" else None
+
+        condition = until(rolled_back, "the RolledBack condition", timeout=60)
         message = condition["message"]
         assert "component resources not ready" in message, message
         assert f"pool {NODE} of driver {DRIVER} not published" in message, message
