@@ -126,6 +126,7 @@ def start_agent(tmp_path: Path) -> Iterator[StartAgent]:
         env: dict[str, str] | None = None,
         watchdog_usec: int | None = None,
         config: str | None = None,
+        launcher: str = "nodeagent",
     ) -> AgentProcess:
         index = len(started)
         notify = NotifyListener(tmp_path / f"notify-{index}")
@@ -138,14 +139,17 @@ def start_agent(tmp_path: Path) -> Iterator[StartAgent]:
         if watchdog_usec is not None:
             full_env["WATCHDOG_USEC"] = str(watchdog_usec)
         full_env.update(env or {})
-        command: Sequence[str] = nodeagent_command(
+        command: Sequence[str] = [
+            sys.executable,
+            "-m",
+            launcher,  # tests.support.unready_agent: the command with a test-only component
             "run",
             "--state-dir",
             str(state_dir),
             "--ops-address",
             "127.0.0.1:0",
             *args,
-        )
+        ]
         if config is not None:
             path = tmp_path / f"config-{index}.toml"
             path.write_text(config)

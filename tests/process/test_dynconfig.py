@@ -122,6 +122,7 @@ def _start(
     *extra: str,
     config: str | None = None,
     env: dict[str, str] | None = None,
+    launcher: str = "nodeagent",
 ) -> AgentProcess:
     agent = start_agent(
         "--kubeconfig",
@@ -133,6 +134,7 @@ def _start(
         *extra,
         config=config,
         env=env,
+        launcher=launcher,
     )
     agent.wait_ready()
     return agent
@@ -364,14 +366,16 @@ def test_remote_config_making_a_component_unhealthy_is_rolled_back_at_run_time(
     apiserver: ApiServer, start_agent: StartAgent
 ) -> None:
     trio.run(_prepare, apiserver, "node-d")
-    # Test hook: a component is not ready while plugins.scan_interval is 0.77.
+    # Test-only launcher: a component is not ready while plugins.scan_interval is 0.77 (the
+    # real health signals: test_dynconfig_rollback_unpublished_pool.py).
     agent = _start(
         start_agent,
         apiserver,
         "node-d",
         "--set",
         "dynconfig.unready_bound=1.0",
-        env={"NODEAGENT_DEBUG_UNREADY_WHEN": "plugins.scan_interval=0.77"},
+        env={"NODEAGENT_TEST_UNREADY_WHEN": "plugins.scan_interval=0.77"},
+        launcher="tests.support.unready_agent",
     )
     until(lambda: _dyn(agent)["crd_missing"] is None, "the CRD found")
     good = {"plugins": {"scan_interval": 0.4}}

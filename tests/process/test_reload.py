@@ -123,10 +123,12 @@ def test_sighup_good_file_survives_its_trial_and_a_bad_one_is_rolled_back(
 ) -> None:
     base = f'[plugins]\nregistry_dir = "{registry}"\n'
     trial = "\n[dynconfig]\ntrial_duration = 2.0\nhealth_interval = 0.2\nunready_bound = 0.5\n"
-    # Test hook: a component is not ready while plugins.scan_interval is 0.66 (a "bad" value).
+    # Test-only launcher: a component is not ready while plugins.scan_interval is 0.66 (a "bad"
+    # value); the real health signals are driven in test_dynconfig_rollback_unpublished_pool.
     agent = start_agent(
         config=base + "scan_interval = 3.0\n" + trial,
-        env={"NODEAGENT_DEBUG_UNREADY_WHEN": "plugins.scan_interval=0.66"},
+        env={"NODEAGENT_TEST_UNREADY_WHEN": "plugins.scan_interval=0.66"},
+        launcher="tests.support.unready_agent",
     )
     agent.wait_ready()
     file = tmp_path / "config-0.toml"

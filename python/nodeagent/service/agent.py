@@ -153,8 +153,6 @@ class Agent:
             unreachable_bound=config.agent.apiserver_unreachable_bound,
         )
         self.extra_components = list(extra_components)
-        if (unready := debug.unready_when()) is not None:
-            self.extra_components.append(debug.UnreadyWhen(*unready, lambda: self.config))
         self.supervisor: Supervisor | None = None
         self.plugins_component: PluginsComponent | None = None
         self.resources_component: ResourcesComponent | None = None

@@ -6,16 +6,16 @@ They let the process tests reproduce situations that are otherwise timing-depend
   while the loop is blocked.
 - `NODEAGENT_DEBUG_HANG_SHUTDOWN=1`: a shutdown hook that never returns, so a second signal and
   the shutdown deadline can be observed.
-- `NODEAGENT_DEBUG_UNREADY_WHEN=table.field=VALUE`: a component `debug-unready` that is not ready
-  while the running config's field shows as VALUE (`str()` of the value), so a config that makes
-  the agent unhealthy (and its rollback) can be produced on purpose.
+
+A config that makes a component not ready on purpose has no hook here: a production run must
+not be able to fake its health. Process tests use a test-only launcher
+(`tests/support/unready_agent.py`), or a real fault.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import trio
 
@@ -25,7 +25,6 @@ log = get_logger(__name__)
 
 BLOCK_LOOP_ENV = "NODEAGENT_DEBUG_BLOCK_LOOP_FILE"
 HANG_SHUTDOWN_ENV = "NODEAGENT_DEBUG_HANG_SHUTDOWN"
-UNREADY_WHEN_ENV = "NODEAGENT_DEBUG_UNREADY_WHEN"
 
 
 def block_loop_file(env: Mapping[str, str] | None = None) -> str | None:
@@ -44,30 +43,3 @@ def hang_shutdown(env: Mapping[str, str] | None = None) -> bool:
 async def hanging_shutdown_hook() -> None:
     log.warning("debug hook: shutdown hook hangs until the deadline")
     await trio.sleep_forever()
-
-
-def unready_when(env: Mapping[str, str] | None = None) -> tuple[str, str] | None:
-    """(table.field, value) of the unready hook, or None when it is off."""
-    spec = (os.environ if env is None else env).get(UNREADY_WHEN_ENV) or ""
-    path, sep, value = spec.partition("=")
-    return (path, value) if sep and "." in path else None
-
-
-class UnreadyWhen:
-    """The unready hook's component: not ready while the config's field shows as `value`."""
-
-    name = "debug-unready"
-
-    def __init__(self, path: str, value: str, config: Callable[[], Any]) -> None:
-        self.path, self.value, self.config = path, value, config
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        task_status.started()
-        await trio.sleep_forever()
-
-    def readiness(self) -> tuple[bool, str]:
-        table, _, field = self.path.partition(".")
-        current = getattr(getattr(self.config(), table, None), field, None)
-        if str(current) == self.value:
-            return False, f"test hook {UNREADY_WHEN_ENV}: {self.path} is {self.value}"
-        return True, f"test hook: {self.path} is {current}"
