@@ -6,6 +6,7 @@ ends; a SIGKILL during the next config's trial still rolls back (to the promoted
 from __future__ import annotations
 
 import signal
+from typing import Any
 
 import trio
 
@@ -52,9 +53,12 @@ def test_sigterm_during_a_trial_resumes_it_and_sigkill_still_rolls_back(
     assert 0 < dyn["trial"]["remaining"] <= 20
     condition = _condition(apiserver, NODE) or {}
     assert condition.get("reason") != "RolledBack", condition
-    promoted = until(
-        lambda: (d := _dyn(second))["trial"] is None and d, "promoted when the trial ends", 40
-    )
+
+    def promotion() -> dict[str, Any] | None:
+        doc = _dyn(second)
+        return doc if doc["trial"] is None else None
+
+    promoted = until(promotion, "promoted when the trial ends", 40)
     assert promoted["last_known_good"]["hash"] == on_trial["active"]["hash"]
     assert promoted["active"]["hash"] == on_trial["active"]["hash"]
     assert promoted["bad"] == []

@@ -25,7 +25,6 @@ from prometheus_client import REGISTRY
 
 from nodeagent.checkpoint import CheckpointState, CheckpointStore
 from nodeagent.checkpoint import format as checkpoint_format
-from nodeagent.checkpoint import store as store_module
 from nodeagent.dynconfig.controller import CHECKPOINT_NAME, Controller, Known, State
 from nodeagent.dynconfig.settings import DynconfigSettings
 from tests.unit.dynconfig.test_controller import LOCAL, build, hasher
@@ -48,7 +47,7 @@ def test_a_store_does_not_sweep_another_stores_write_in_progress(
             assert release.wait(10)
         real_fsync(fd)
 
-    monkeypatch.setattr(store_module.os, "fsync", paused_fsync)
+    monkeypatch.setattr(os, "fsync", paused_fsync)  # the store's module uses os.fsync
     errors: list[BaseException] = []
 
     def write() -> None:
