@@ -8,8 +8,10 @@ plugin name) without importing the plugins package.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from google.protobuf.message import Message
+if TYPE_CHECKING:  # a type hint only: an idle node with no plugins never loads protobuf
+    from google.protobuf.message import Message
 
 __all__ = ["PluginData"]
 

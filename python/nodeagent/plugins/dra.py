@@ -14,9 +14,7 @@ Both kinds of message go to the same latest-value channel; consumers tell them a
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Any
-
-from google.protobuf.message import Message
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import (
@@ -26,16 +24,19 @@ from nodeagent.plugins.handler import (
     StreamingHandler,
 )
 from nodeagent.plugins.versions import dra_api, highest_supported_version
-from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
-from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
-from nodeagent.rpc.bridge import GrpcChannel, ServerStream
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+
+    from nodeagent.protos.dra.v1alpha3 import api_pb2
+    from nodeagent.rpc.bridge import GrpcChannel, ServerStream
 
 __all__ = ["DRA_PLUGIN_TYPE", "DraHandler", "validate_resources"]
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 
 
-class DraHandler(StreamingHandler[Message]):
+class DraHandler(StreamingHandler["Message"]):
     plugin_type = DRA_PLUGIN_TYPE
 
     def validate_versions(self, plugin: PluginEndpoint) -> None:
@@ -66,6 +67,10 @@ class DraHandler(StreamingHandler[Message]):
     def open_stream(
         self, channel: GrpcChannel, plugin: PluginEndpoint
     ) -> AbstractAsyncContextManager[ServerStream[Message]]:
+        # Here, not at the top: an idle node with no plugins never loads protobuf or grpclib.
+        from nodeagent.protos.dra.v1alpha3 import api_grpc, api_pb2
+        from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
+
         stream: AbstractAsyncContextManager[ServerStream[Any]]
         if dra_api(plugin.versions) == "native":
             native = channel.stub(device_grpc.DevicePluginStub)
@@ -80,6 +85,9 @@ class DraHandler(StreamingHandler[Message]):
         return stream
 
     def validate_message(self, message: Message) -> None:
+        from nodeagent.protos.dra.v1alpha3 import api_pb2
+        from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+
         if isinstance(message, device_pb2.Inventory):
             validate_inventory_message(message)
         elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):

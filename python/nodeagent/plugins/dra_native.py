@@ -11,10 +11,13 @@ Event. Either way the plugin's last good inventory stays published.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from nodeagent.core.k8s import QuantityError, check_quantity_syntax
 from nodeagent.plugins.handler import InvalidMessage
-from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+
+if TYPE_CHECKING:
+    from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 __all__ = ["validate_inventory_message"]
 

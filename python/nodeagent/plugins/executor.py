@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -26,9 +27,10 @@ from nodeagent.plugins.state import (
     PluginState,
 )
 from nodeagent.plugins.watcher import RegistryWatcher
-from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
-from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
-from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel, RpcError
+from nodeagent.rpc.errors import RpcError
+
+if TYPE_CHECKING:
+    from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel
 
 __all__ = ["OperationExecutor"]
 
@@ -165,6 +167,10 @@ class OperationExecutor:
             except _Rejected as exc:
                 await self._notify(channel, record, False, str(exc))
                 raise
+            # Here, not at the top: an idle node with no plugins never loads protobuf or grpclib.
+            from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+            from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+
             stub = channel.stub(reg_grpc.RegistrationStub)
             try:
                 info = await self._bridge.unary(
@@ -274,6 +280,9 @@ class OperationExecutor:
         self, channel: GrpcChannel, record: PluginRecord, ok: bool, error: str
     ) -> None:
         """Tell the plugin the outcome. Its failure does not change the outcome."""
+        from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+        from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+
         stub = channel.stub(reg_grpc.RegistrationStub)
         try:
             await self._bridge.unary(

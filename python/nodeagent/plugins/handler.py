@@ -19,11 +19,9 @@ from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import trio
-from google.protobuf.json_format import MessageToDict
-from google.protobuf.message import Message
 
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.latest import LatestValue
@@ -32,15 +30,14 @@ from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.security import PeerRejected, UidCheck, allowed_uids_check, peer_check
 from nodeagent.plugins.settings import PluginSettings
-from nodeagent.rpc.bridge import (
-    GrpcBridge,
-    GrpcChannel,
-    MalformedMessage,
-    MessageRejected,
-    MessageTooLarge,
-    RpcError,
-    ServerStream,
-)
+from nodeagent.rpc.errors import MalformedMessage, MessageRejected, MessageTooLarge, RpcError
+
+if TYPE_CHECKING:
+    # Type hints only: an idle node with no plugins loads neither protobuf's reflection nor the
+    # bridge's grpclib side (see nodeagent.rpc).
+    from google.protobuf.message import Message
+
+    from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel, ServerStream
 
 __all__ = [
     "InvalidMessage",
@@ -52,7 +49,7 @@ __all__ = [
 
 log = get_logger(__name__)
 
-M = TypeVar("M", bound=Message)
+M = TypeVar("M", bound="Message")
 
 
 class PluginValidationError(Exception):
@@ -298,7 +295,7 @@ class StreamingHandler(ABC, Generic[M]):
             "messages_skipped": entry.skipped,
             "last_message_time": entry.last_message_time,
             "last_message": (
-                MessageToDict(entry.last_message) if entry.last_message is not None else None
+                _to_dict(entry.last_message) if entry.last_message is not None else None
             ),
         }
 
@@ -615,3 +612,10 @@ def _rejection_kind(exc: MessageRejected) -> str:
     if isinstance(exc, MalformedMessage):
         return "message_malformed"
     return "message_invalid"
+
+
+def _to_dict(message: Message) -> dict[str, Any]:
+    # Imported on first use: json_format pulls in protobuf's pure-Python reflection.
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(message)

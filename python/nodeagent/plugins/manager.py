@@ -10,7 +10,7 @@ shared `state.Caches`, runs them with the handlers, and serves status and readin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -29,7 +29,9 @@ from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginState, SocketIdentity
 from nodeagent.plugins.versions import dra_api
 from nodeagent.plugins.watcher import RegistryWatcher
-from nodeagent.rpc.bridge import GrpcBridge
+
+if TYPE_CHECKING:
+    from nodeagent.rpc.bridge import GrpcBridge
 
 __all__ = ["PluginManager"]
 

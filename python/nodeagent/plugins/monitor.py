@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -12,9 +13,10 @@ from nodeagent.plugins import metrics
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import ActualPlugin, Caches, ProbeVerdict, SocketIdentity
-from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
-from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
-from nodeagent.rpc.bridge import GrpcBridge, RpcError
+from nodeagent.rpc.errors import RpcError
+
+if TYPE_CHECKING:
+    from nodeagent.rpc.bridge import GrpcBridge
 
 __all__ = ["ConnectionMonitor"]
 
@@ -78,6 +80,10 @@ class ConnectionMonitor:
 
     async def _probe(self, socket: str) -> None:
         """Dial, then GetInfo, each with its own (kubelet monitor) timeout."""
+        # Here, not at the top: an idle node with no plugins never loads protobuf or grpclib.
+        from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+        from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+
         async with self._bridge.channel(
             socket, max_message_bytes=self._settings.max_message_bytes
         ) as channel:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import time
 from contextlib import AbstractAsyncContextManager
+from functools import cache
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -23,15 +25,12 @@ from nodeagent.plugins.handler import (
 from nodeagent.plugins.security import UidCheck
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.versions import require_any_version
-from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
 from nodeagent.reporter.system import SYSTEM_REPORTER_NAME as RESERVED_NAME
-from nodeagent.rpc.bridge import (
-    GrpcBridge,
-    GrpcChannel,
-    MessageRejected,
-    RpcError,
-    ServerStream,
-)
+from nodeagent.rpc.errors import MessageRejected, RpcError
+
+if TYPE_CHECKING:
+    from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
+    from nodeagent.rpc.bridge import GrpcBridge, GrpcChannel, ServerStream
 
 __all__ = ["REPORTER_PLUGIN_TYPE", "SUPPORTED_VERSIONS", "ReporterHandler", "validate_report"]
 
@@ -46,7 +45,7 @@ SUPPORTED_VERSIONS = ("v1alpha1",)
 _STREAM_DELIVERS = frozenset({"starting", "open", "backoff"})
 
 
-class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
+class ReporterHandler(StreamingHandler["api_pb2.GetReportContentResponse"]):
     """Katalyst semantics: a plugin registering under a taken name replaces the older one.
 
     Besides the stream, every `report_poll_interval` each registered plugin's GetReportContent
@@ -87,6 +86,9 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
     def open_stream(
         self, channel: GrpcChannel, plugin: PluginEndpoint
     ) -> AbstractAsyncContextManager[ServerStream[api_pb2.GetReportContentResponse]]:
+        # Here, not at the top: an idle node with no plugins never loads grpclib.
+        from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
+
         stub = channel.stub(api_grpc.ReporterPluginStub)
         return self._bridge.server_stream(stub.ListAndWatchReportContent, api_pb2.Empty())
 
@@ -184,6 +186,8 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
         self._accept(entry, message)
 
     async def _call(self, plugin: PluginEndpoint) -> api_pb2.GetReportContentResponse:
+        from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
+
         settings = self._settings
         async with self._bridge.channel(
             plugin.endpoint,
@@ -223,7 +227,11 @@ class ReporterHandler(StreamingHandler[api_pb2.GetReportContentResponse]):
         self._publish(entry)
 
 
-_FIELD_TYPES = frozenset(api_pb2.FieldType.values())
+@cache
+def _field_types() -> frozenset[int]:
+    from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
+
+    return frozenset(api_pb2.FieldType.values())
 
 
 def validate_report(message: api_pb2.GetReportContentResponse) -> None:
@@ -237,7 +245,7 @@ def validate_report(message: api_pb2.GetReportContentResponse) -> None:
             here = f"{where}.field[{j}]"
             if not field.fieldName:
                 raise InvalidMessage(f"{here}.fieldName: must not be empty")
-            if field.fieldType not in _FIELD_TYPES:
+            if field.fieldType not in _field_types():
                 raise InvalidMessage(f"{here}.fieldType: {field.fieldType}: unknown field type")
             try:
                 json.loads(field.value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import trio
 
-from nodeagent.rpc.bridge import ConnectCheck, RpcError
+from nodeagent.rpc.errors import ConnectCheck, RpcError
 
 __all__ = [
     "EndpointMissing",

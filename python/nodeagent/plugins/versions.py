@@ -7,7 +7,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 from nodeagent.plugins.handler import PluginValidationError
-from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 __all__ = [
     "KUBELET_DRA_SERVICES",
@@ -19,8 +18,10 @@ __all__ = [
     "require_any_version",
 ]
 
-# The fully-qualified gRPC service name, taken from the compiled proto so the two cannot drift.
-NATIVE_DRA_SERVICE: str = device_pb2.DESCRIPTOR.services_by_name["DevicePlugin"].full_name
+# The fully-qualified gRPC service name of protos/nodeagent/device/v1alpha1/device.proto, spelt
+# out so that an idle node never loads protobuf; tests/unit/test_idle_imports.py holds it equal to
+# the compiled proto's.
+NATIVE_DRA_SERVICE = "nodeagent.device.v1alpha1.DevicePlugin"
 
 # What modern drivers (kubelet 1.32+) list: the kubelet's DRAPlugin service versions. Such a
 # driver publishes its own ResourceSlices; there is nothing to stream from it.

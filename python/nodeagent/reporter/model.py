@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
+if TYPE_CHECKING:
+    from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
 
 __all__ = ["PluginReport"]
 

@@ -29,19 +29,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
-from google.protobuf.message import DecodeError
 
 from nodeagent.checkpoint import CheckpointState, CheckpointStore
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
-from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
 from nodeagent.reporter import metrics
 from nodeagent.reporter.model import PluginReport
 from nodeagent.reporter.settings import ReporterSettings
+
+if TYPE_CHECKING:
+    # Type hints only: reports come from plugins and in-tree reporters, which load protobuf.
+    from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
 
 __all__ = ["CHECKPOINT_NAME", "InTreeReporter", "ReportStore"]
 
@@ -194,6 +196,11 @@ class ReportStore:
             if self._seen.get(name) is data:
                 continue
             self._seen[name] = data
+            # Here, not at the top: a node with no reporter plugins need not load protobuf.
+            from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import (
+                GetReportContentResponse,
+            )
+
             if not isinstance(data.message, GetReportContentResponse):
                 log.error("not a reporter message; ignored", plugin=name, type=data.plugin_type)
                 continue
@@ -356,6 +363,12 @@ def decode_checkpoint(data: bytes) -> dict[str, tuple[GetReportContentResponse, 
     if not isinstance(plugins, dict):
         raise ValueError("plugins: must be an object")
     out: dict[str, tuple[GetReportContentResponse, float | None]] = {}
+    if not plugins:
+        return out
+    from google.protobuf.message import DecodeError
+
+    from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
+
     for name, item in plugins.items():
         if not isinstance(item, dict):
             raise ValueError(f"plugins.{name}: must be an object")

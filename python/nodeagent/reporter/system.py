@@ -27,10 +27,12 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.core.k8s import canonicalize
-from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
+
+if TYPE_CHECKING:
+    from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
 
 __all__ = [
     "SYSTEM_REPORTER_NAME",
@@ -226,6 +228,9 @@ def topology_zones(machine: Machine) -> list[dict[str, Any]]:
 def build_system_report(
     machine: Machine, *, cpu_flags: bool = False, cpu_model: bool = False
 ) -> api_pb2.GetReportContentResponse:
+    # Here, not at the top: with the system reporter off, an idle node never loads protobuf.
+    from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
+
     def field(field_type: api_pb2.FieldType, name: str, value: Any) -> api_pb2.ReportField:
         encoded = json.dumps(value, separators=(",", ":")).encode()
         return api_pb2.ReportField(fieldType=field_type, fieldName=name, value=encoded)

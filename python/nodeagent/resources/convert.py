@@ -17,11 +17,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from nodeagent.core.k8s import is_dns_label, is_dns_subdomain
-from nodeagent.protos.dra.v1alpha3 import api_pb2
-from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
-from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.model import (
     CapacityRequestPolicy,
     CapacityRequestPolicyRange,
@@ -40,6 +38,12 @@ from nodeagent.resources.model import (
     attribute_errors,
     capacity_errors,
 )
+
+if TYPE_CHECKING:
+    # Type hints only: the messages come from plugins, which load their modules.
+    from nodeagent.protos.dra.v1alpha3 import api_pb2
+    from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
+    from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-
-from google.protobuf.message import Message
+from typing import TYPE_CHECKING
 
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
-from nodeagent.protos.dra.v1alpha3 import api_pb2
-from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import metrics
 from nodeagent.resources.convert import SeedRejection, from_native, from_seed
 from nodeagent.resources.model import InvalidInventory, Inventory, validate_inventory
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 log = get_logger(__name__)
 
@@ -96,6 +96,10 @@ class InventoryTracker:
 
     def convert(self, driver: str, message: Message) -> Converted:
         """The message as a validated inventory, or why not. Pure: safe in a worker thread."""
+        # Here, not at the top: an idle node with no plugins never loads protobuf.
+        from nodeagent.protos.dra.v1alpha3 import api_pb2
+        from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+
         rejected: list[SeedRejection] = []
         try:
             if isinstance(message, device_pb2.Inventory):

@@ -29,11 +29,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 import trio
-from google.protobuf.message import Message
 
 from nodeagent import _native
 from nodeagent.accumulator.model import Query, QueryStatus
@@ -49,6 +48,9 @@ from nodeagent.resources.inventory import Converted, DriverState, InventoryTrack
 from nodeagent.resources.model import API_VERSION, KIND, Inventory, desired_slices
 from nodeagent.resources.queue import WorkQueue
 from nodeagent.resources.settings import ResourcesSettings
+
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
 
 log = get_logger(__name__)
 

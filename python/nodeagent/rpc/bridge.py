@@ -29,7 +29,6 @@ it leaves: nothing on the asyncio side outlives its Trio owner. See README "Arch
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import contextlib
 import inspect
@@ -51,6 +50,10 @@ from nodeagent.rpc.errors import (
 )
 
 if TYPE_CHECKING:
+    # Bound at run time by `_import_asyncio`, when a bridge first starts its loop: everything
+    # below that touches asyncio runs on that loop or after it started.
+    import asyncio
+
     from google.protobuf.message import Message
     from grpclib.client import Channel, UnaryStreamMethod, UnaryUnaryMethod
 
@@ -82,6 +85,12 @@ P = ParamSpec("P")
 T = TypeVar("T")
 Req = TypeVar("Req", bound="Message")
 Rep = TypeVar("Rep", bound="Message")
+
+
+def _import_asyncio() -> None:
+    # Lazily, with grpclib: asyncio (with concurrent.futures) is ~1.5 MiB an idle node never uses.
+    global asyncio
+    import asyncio
 
 
 def _grpc_module() -> Any:
@@ -139,7 +148,7 @@ class _Inbox:
                 self._wake_posted = True
             room = None
             if not last and len(self._items) >= _STREAM_BUFFER:
-                room = self._room = self._bridge._loop.create_future()
+                room = self._room = asyncio.get_running_loop().create_future()
         if wake:
             self._bridge._to_trio(self._wake)
         return room
@@ -214,16 +223,54 @@ class _Call(Generic[T]):
 class GrpcBridge:
     """Runs grpclib on the bridge's asyncio loop (its own thread). Open with `open_grpc_bridge`."""
 
-    def __init__(
-        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery
-    ) -> None:
-        self._loop = loop
+    def __init__(self, token: trio.lowlevel.TrioToken, nursery: trio.Nursery) -> None:
         self._token = token
         self._nursery = nursery
-        _BRIDGES[loop] = self
+        # The loop and its thread start on the first call (`_started`): a node with no plugins
+        # never imports asyncio or grpclib, nor runs a second thread.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stopped = trio.Event()
+        self._closed = False
 
-    # -- the two hops; a same-thread variant (Trio as a guest of the loop) replaces these
+    def _started(self) -> asyncio.AbstractEventLoop:
+        """The bridge's loop, started (with its thread) on first use. Trio thread only."""
+        if self._loop is not None:
+            return self._loop
+        if self._closed:
+            raise RpcError("UNAVAILABLE", "the gRPC bridge is closed")
+        _import_asyncio()
+        loop = asyncio.new_event_loop()
+        token = self._token
+        stopped = self._stopped
+        self._thread = threading.Thread(
+            target=_run_loop,
+            args=(loop, lambda: token.run_sync_soon(stopped.set)),
+            name="nodeagent-grpc",
+            daemon=True,  # a wedged peer must not keep the process alive
+        )
+        self._loop = loop
+        _BRIDGES[loop] = self
+        self._thread.start()
+        return loop
+
+    async def _close(self) -> None:
+        """Stop the loop (what is left on it cancelled) and join its thread, if it started."""
+        self._closed = True
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with trio.CancelScope(shield=True):
+            with contextlib.suppress(RuntimeError):  # the loop already stopped (it never should)
+                loop.call_soon_threadsafe(_start_shutdown, loop)
+            with trio.move_on_after(2 * _CLOSE_TIMEOUT):
+                await self._stopped.wait()
+            if self._stopped.is_set():
+                thread.join()
+
+    # -- the two hops (the loop is started: every call enters through `run_asyncio`)
     def _to_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        assert self._loop is not None
         self._loop.call_soon_threadsafe(fn, *args)
 
     def _to_trio(self, fn: Callable[..., object], *args: Any) -> None:
@@ -234,6 +281,7 @@ class GrpcBridge:
     ) -> T:
         """Await the coroutine function `fn` on the bridge loop, as a task owned by the caller: a
         Trio cancellation cancels it and waits for it. Every failure is an RpcError."""
+        loop = self._started()
         call: _Call[T] = _Call()
 
         def finish(task: asyncio.Task[T]) -> None:  # Trio thread
@@ -248,7 +296,7 @@ class GrpcBridge:
 
         def start() -> None:  # asyncio thread
             try:
-                task = self._loop.create_task(fn(*args, **kwargs))
+                task = loop.create_task(fn(*args, **kwargs))
             except BaseException as exc:
                 call.result = outcome.Error(exc)
                 self._to_trio(call.done.set)
@@ -424,7 +472,7 @@ class GrpcBridge:
 
     # -- asyncio code calling Trio (see `run_in_trio`)
     async def _from_asyncio(self, fn: Callable[..., Any], *args: Any) -> Any:
-        future: asyncio.Future[Any] = self._loop.create_future()
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         scope = trio.CancelScope()
 
         def deliver(result: outcome.Outcome[Any]) -> None:  # asyncio thread
@@ -485,6 +533,7 @@ async def run_in_trio(fn: Callable[..., Any], *args: Any) -> Any:
     return its result. An async `fn` runs as a task of the bridge's nursery, cancelled when the
     awaiting asyncio task is; a plain function is called in the Trio thread (touching a Trio
     object, e.g. ``LatestValue.set``, from the loop's thread would be a cross-thread race)."""
+    _import_asyncio()  # (the caller's loop may be another than a bridge's)
     bridge = _BRIDGES.get(asyncio.get_running_loop())
     if bridge is None:
         raise RuntimeError("run_in_trio: not on a gRPC bridge's loop")
@@ -540,32 +589,24 @@ async def _shutdown_loop() -> None:
     asyncio.get_running_loop().stop()
 
 
+def _start_shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    loop.create_task(_shutdown_loop())
+
+
 @asynccontextmanager
 async def open_grpc_bridge() -> AsyncIterator[GrpcBridge]:
-    """Start the process's asyncio loop in its own thread, and the bridge that runs grpclib on
-    it; on exit stop the loop (what is left on it cancelled) and join the thread."""
+    """The process's bridge: its asyncio loop starts in a thread of its own on the first call (a
+    node with no plugins never starts it); on exit the loop, if started, is stopped (what is left
+    on it cancelled) and its thread joined."""
     token = trio.lowlevel.current_trio_token()
-    loop = asyncio.new_event_loop()
-    stopped = trio.Event()
-    thread = threading.Thread(
-        target=_run_loop,
-        args=(loop, lambda: token.run_sync_soon(stopped.set)),
-        name="nodeagent-grpc",
-        daemon=True,  # a wedged peer must not keep the process alive
-    )
-    thread.start()
+    bridge: GrpcBridge | None = None
     try:
         async with trio.open_nursery() as nursery:
-            bridge = GrpcBridge(loop, token, nursery)
+            bridge = GrpcBridge(token, nursery)
             try:
                 yield bridge
             finally:
                 nursery.cancel_scope.cancel()
     finally:
-        with trio.CancelScope(shield=True):
-            with contextlib.suppress(RuntimeError):  # the loop already stopped (it never should)
-                loop.call_soon_threadsafe(lambda: loop.create_task(_shutdown_loop()))
-            with trio.move_on_after(2 * _CLOSE_TIMEOUT):
-                await stopped.wait()
-            if stopped.is_set():
-                thread.join()
+        if bridge is not None:
+            await bridge._close()

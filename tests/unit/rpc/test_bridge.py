@@ -108,6 +108,9 @@ def directory() -> Iterator[str]:
 @pytest.fixture
 async def bridge() -> AsyncIterator[GrpcBridge]:
     async with open_grpc_bridge() as opened:
+        # Started (the loop and its thread start on the first call), so that the descriptors
+        # and tasks counted before a test's work are the loop's own.
+        await asyncio_tasks(opened)
         yield opened
 
 
@@ -217,11 +220,24 @@ async def test_closing_the_bridge_stops_its_loop_and_thread() -> None:
         left.append(asyncio.ensure_future(hold()))
 
     async with open_grpc_bridge() as bridge:
-        assert threading.active_count() == threads + 1
+        assert threading.active_count() == threads  # nothing started until the first call
         await bridge.run_asyncio(left_behind)
+        assert threading.active_count() == threads + 1
         assert await asyncio_tasks(bridge) == 1
     assert threading.active_count() == threads
     assert open_fds() == fds_before
+
+
+async def test_a_bridge_never_called_starts_no_loop_and_is_closed_after() -> None:
+    threads = threading.active_count()
+    fds_before = open_fds()
+    async with open_grpc_bridge() as bridge:
+        assert threading.active_count() == threads
+        assert open_fds() == fds_before
+    # Closed: a late call fails as every bridge failure does, with RpcError.
+    with pytest.raises(RpcError, match="UNAVAILABLE"):
+        await bridge.run_asyncio(_loop_turns, 1)
+    assert threading.active_count() == threads
 
 
 async def test_a_cancelled_error_of_the_asyncio_side_is_an_rpc_error(bridge: GrpcBridge) -> None:
