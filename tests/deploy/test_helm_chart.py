@@ -52,11 +52,12 @@ def _only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return doc
 
 
-def _config_toml(tmp_path: pathlib.Path, config: dict[str, Any]) -> str:
-    """The config.toml the chart renders for ``config`` (a values file of its own)."""
+def _config_toml(tmp_path: pathlib.Path, config: dict[str, Any], *, checked: bool = True) -> str:
+    """The config.toml the chart renders for ``config`` (a values file of its own); ``checked``:
+    with the values' schema (the agent's own for config)."""
     values = tmp_path / "config-values.yaml"
     values.write_bytes(msgspec.json.encode({"config": config}))  # JSON is YAML
-    configmap = template(values=[values], sets=["metrics.podAnnotations=false"])
+    configmap = template(values=[values], skip_schema=not checked)
     text: str = _only([d for d in configmap if d["kind"] == "ConfigMap"], "ConfigMap")["data"][
         "config.toml"
     ]
@@ -139,6 +140,7 @@ def test_render_manifests_reproduces_the_tree(tmp_path: pathlib.Path) -> None:
         [p.relative_to(REPO_ROOT) for p in KUBERNETES_DIR.glob("*.yaml")]
         + [p.relative_to(REPO_ROOT) for p in (CHART / "crds").iterdir()]
         + [p.relative_to(REPO_ROOT) for p in (CHART / "files").iterdir()]
+        + [(CHART / "values.schema.json").relative_to(REPO_ROOT)]
     )
     assert written == expected
     assert len([p for p in written if p.parent == chart / "crds"]) == 2
@@ -271,7 +273,8 @@ def test_the_toml_rendering_round_trips(tmp_path: pathlib.Path) -> None:
         "nested": {"deeper": {"deepest": {"leaf": 1}}, "value": "v"},
         "empty_table": {},
     }
-    parsed = tomllib.loads(_config_toml(tmp_path, config))
+    # Sections of no agent: the TOML writer alone, past the schema.
+    parsed = tomllib.loads(_config_toml(tmp_path, config, checked=False))
     assert parsed == config
     # Integers the values wrote as integers stay integers (the agent's int fields refuse 5.0).
     assert type(parsed["numbers"]["large"]) is int
@@ -280,12 +283,16 @@ def test_the_toml_rendering_round_trips(tmp_path: pathlib.Path) -> None:
     assert math.isclose(parsed["numbers"]["huge"], 1e300)
 
 
-def test_a_null_config_value_is_refused(tmp_path: pathlib.Path) -> None:
+@pytest.mark.parametrize("checked", [True, False])
+def test_a_null_config_value_is_refused(tmp_path: pathlib.Path, checked: bool) -> None:
+    # By the agent's schema, and without it by the chart's TOML writer (TOML has no null).
     values = tmp_path / "null.yaml"
     values.write_text("config:\n  agent:\n    log_level: null\n")
-    answer = helm("template", "x", str(CHART), "--values", str(values), check=False)
+    args = ["template", "x", str(CHART), "--values", str(values)]
+    answer = helm(*args, *([] if checked else ["--skip-schema-validation"]), check=False)
     assert answer.returncode != 0
-    assert "config.agent.log_level: TOML has no null" in answer.stderr, answer.stderr
+    named = "/config/agent/log_level" if checked else "config.agent.log_level: TOML has no null"
+    assert named in answer.stderr, answer.stderr
 
 
 @pytest.mark.parametrize(
@@ -296,6 +303,11 @@ def test_a_null_config_value_is_refused(tmp_path: pathlib.Path) -> None:
         ("image.pullPolicy=Sometimes", "/image/pullPolicy"),
         ("metrics.podMonitor.enable=true", "enable"),
         ("config.ops.address=0.0.0.0:1", "config.ops.address"),
+        # The agent's own schema of its configuration (values.schema.json's $defs).
+        ("config.plugins.scan_intervall=1", "scan_intervall"),
+        ("config.agent.log_level=loud", "/config/agent/log_level"),
+        ("config.plugins.probe_failures=many", "/config/plugins/probe_failures"),
+        ("config.kubernetes.qps=5", "kubernetes"),
         ("config.agent.node_name=x", "config.agent.node_name"),
         ("config.plugins.registry_dir=/x", "config.plugins.registry_dir"),
     ],
@@ -342,6 +354,16 @@ def test_the_monitoring_objects_carry_deploy_monitoring() -> None:
     # None of it by default.
     kinds = {d["kind"] for d in _render("default")}
     assert not kinds & {"PodMonitor", "ServiceMonitor", "PrometheusRule", "Service", "ConfigMap"}
+
+
+def test_the_config_schema_is_the_agents() -> None:
+    """values.schema.json checks config with the schema of the agent's own settings."""
+    from nodeagent.service.config import Config
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["config"]["$ref"] == "#/$defs/Config"
+    assert schema["$defs"] == msgspec.json.schema(Config)["$defs"]
+    assert schema["$defs"]["Config"]["additionalProperties"] is False
 
 
 def test_plain_install_is_the_default_namespace_and_account() -> None:

@@ -86,8 +86,10 @@ def template(
     sets: Sequence[str] = (),
     *,
     include_crds: bool = False,
+    skip_schema: bool = False,
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart: its objects, in helm's install order."""
+    """`helm template` of the chart: its objects, in helm's install order. ``skip_schema``: without
+    values.schema.json's checks (to render values the agent's schema refuses)."""
     args = ["template", release, str(CHART), "--namespace", namespace]
     for path in values:
         args += ["--values", str(path)]
@@ -95,6 +97,8 @@ def template(
         args += ["--set", assignment]
     if include_crds:
         args.append("--include-crds")
+    if skip_schema:
+        args.append("--skip-schema-validation")
     return parse_manifest(helm(*args).stdout)
 
 
