@@ -81,6 +81,10 @@ class ReporterComponent:
         self.discovery_error: str | None = None
         # CNR writes failing after it was once in sync, bounded by reporter.cnr_failure_bound.
         self._write_failing: Lapses[str] = Lapses(self.name, "cnr_writes")
+        # Discovery answered once in this run: failing later (the CRD looked for again while
+        # the control plane restarts) is bounded by cnr_failure_bound like a failing write.
+        self._answered = False
+        self._discovery_failing: Lapses[str] = Lapses(self.name, "cnr_discovery")
         # A lookup of the kind is in flight (the first one runs after the component started).
         self.looking_up = False
 
@@ -150,10 +154,10 @@ class ReporterComponent:
         self.looking_up = True
         try:
             await client.discover(CNR_API_VERSION, CNR_KIND)
-            self.discovery_error = None
+            self.discovery_error, self._answered = None, True
             return True
         except NotFound as exc:
-            self.crd_missing, self.discovery_error = str(exc), None
+            self.crd_missing, self.discovery_error, self._answered = str(exc), None, True
             return False
         except KubeError as exc:
             self.crd_missing = None
@@ -171,6 +175,14 @@ class ReporterComponent:
         bad = merged.bad if merged is not None else ()
         fields = len(merged.reported) if merged is not None else 0
         problems = f"; skipped {len(bad)} bad fields (first: {bad[0].describe()})" if bad else ""
+        if self.discovery_error is not None and self._answered:
+            now, bound = trio.current_time(), self._settings.cnr_failure_bound
+            lapses = self._discovery_failing.observe({"cnr": self.discovery_error}, now)
+            what = "looking for the CustomNodeResource kind fails"
+            if overdue(lapses, now, bound) is None:
+                return True, f"{describe(what, lapses[0], now, bound)}: {fields} CNR fields merged"
+            return False, f"{describe(what, lapses[0], now, bound)}: {fields} CNR fields merged"
+        self._discovery_failing.clear()
         if self.discovery_error is not None:
             return False, (
                 f"looking for the CustomNodeResource kind fails ({self.discovery_error}): "
