@@ -113,6 +113,28 @@ def test_rendered_objects_are_valid_for_the_harness_version(which: str) -> None:
     assert checked >= (8 if which == "default" else 17)
 
 
+def test_the_oldest_kubernetes_the_chart_accepts_is_the_oldest_it_is_valid_for() -> None:
+    """Chart.yaml's kubeVersion (>= 1.30) is where every object the full values render becomes
+    valid: 1.30's schemas accept them all, 1.29's refuse ValidatingAdmissionPolicy v1, and
+    helm refuses to render for 1.29."""
+    release, namespace = CHART_RELEASE
+    docs = template(release, namespace, [CHART_VALUES], sets=[])
+    builtin = [d for d in docs if not d["apiVersion"].startswith(MONITORING_GROUP)]
+    for doc in builtin:
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+    refused = set()
+    for doc in builtin:
+        try:
+            kubernetes_validate.validate(doc, "1.29.0", strict=True)
+        except kubernetes_validate.SchemaNotFoundError:  # no such apiVersion in 1.29
+            refused.add(doc["kind"])
+    assert refused == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    args = ["template", "x", str(CHART), "--kube-version", "1.29.9"]
+    answer = helm(*args, check=False)
+    assert answer.returncode != 0
+    assert "requires kubeVersion: >=1.30.0-0" in answer.stderr, answer.stderr
+
+
 def test_the_crds_are_in_the_charts_crds_directory() -> None:
     docs = template(include_crds=True)
     crds = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition")
