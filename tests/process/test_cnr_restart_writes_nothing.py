@@ -175,7 +175,16 @@ def test_restarts_with_unchanged_plugins_write_nothing(
         agent.signal(signal.SIGTERM)
         assert agent.wait(timeout=15) == 0
         agent = _start(start_agent, apiserver, registry, "--state-dir", str(first.state_dir))
-        until(partial(_synced, agent), f"restart {run}: settled and synced", timeout=60)
+        try:
+            until(partial(_synced, agent), f"restart {run}: settled and synced", timeout=60)
+        except AssertionError as exc:
+            # What the agent saw: which plugins, the sync state, the writes by verb and result.
+            writes_text = "\n".join(
+                line
+                for line in agent.get("/metrics")[1].splitlines()
+                if line.startswith(("nodeagent_cnr_writes_total", "nodeagent_reporter_plugins"))
+            )
+            raise AssertionError(f"{exc}\n{cnr_view(agent)}\n{writes_text}") from None
         by_verb = {
             verb: metric_sum(agent, "nodeagent_cnr_writes_total", f'verb="{verb}",result="ok"')
             for verb in ("create", "apply", "status")
