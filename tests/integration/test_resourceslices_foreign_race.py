@@ -74,6 +74,7 @@ class Timeline:
         self.foreign: float | None = None  # the admin's create answered
         self.foreign_name = ""
         self.foreign_deleted = False
+        self.refused: float | None = None  # the foreign slice seen alone in the pool (50 ms polls)
         # nodeagent slice creates answered after the foreign slice was created, before it went
         self.overlapping = 0
 
@@ -83,6 +84,7 @@ class Timeline:
 
         return {
             "creates_after_foreign": self.overlapping,
+            "refused_alone_after_foreign": rel(self.refused, self.foreign),
             "foreign_minus_registration": rel(self.foreign, self.registered),
             "foreign_minus_create_sent": rel(self.foreign, self.create_sent),
             "foreign_minus_create_answered": rel(self.foreign, self.create_answered),
@@ -201,6 +203,7 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
             return [o["metadata"]["name"] for o in items] == [name] and bool(pub.refused())
 
         await until(refused, "the pool refused, the foreign slice alone in it")
+        timeline.refused = time.monotonic()
         ready, reason = comp.readiness()
         assert not ready
         assert f"not managed by nodeagent ({name})" in reason, reason
