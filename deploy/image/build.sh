@@ -128,7 +128,7 @@ done < <(grep -v '^\s*\(#\|$\)' "$here/requirements.lock")
 # 3. the root filesystem: only extracted packages, docs and translations left out
 step "root filesystem (mmdebstrap, packages.lock)"
 if [ "$relock" = 1 ]; then
-  # python3.11 and the C++ runtime (greenlet's extension links libstdc++)
+  # python3.11 and the C++ runtime
   debs=(python3.11 libstdc++6)
 else
   mapfile -t debs < <(grep -v '^\s*\(#\|$\)' "$here/packages.lock")
@@ -197,7 +197,7 @@ chroot "$root" /usr/bin/python3.11 -m compileall -q -j 1 --invalidation-mode unc
   /usr/lib/python3.11 /opt/nodeagent >/dev/null
 # Every extension module loads (a missing shared library shows here, not in a pod).
 chroot "$root" /opt/nodeagent/bin/python -c \
-  'import greenlet, msgspec, multidict, yaml, google.protobuf.message, nodeagent._native'
+  'import msgspec, multidict, yaml, google.protobuf.message, nodeagent._native'
 chroot "$root" /opt/nodeagent/bin/nodeagent --version
 umount "$root/proc"
 rm -rf "$root/tmp/install"
