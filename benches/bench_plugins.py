@@ -52,6 +52,7 @@ from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.rpc import GrpcBridge, open_grpc_bridge
+from nodeagent.rpc import bridge as bridge_module
 from nodeagent.service.agent import LOOP_SWITCH_INTERVAL
 
 BURST = 6000  # messages per run, split across the plugins
@@ -147,7 +148,16 @@ class _GuestBridge(GrpcBridge):
     thread, so both hops are plain callbacks (Trio objects can be touched from asyncio callbacks:
     Trio's run context belongs to the thread)."""
 
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, token: trio.lowlevel.TrioToken, nursery: trio.Nursery
+    ) -> None:
+        super().__init__(token, nursery)
+        bridge_module._import_asyncio()
+        self._loop = loop  # the host loop, already running: `_started` starts no thread
+        bridge_module._BRIDGES[loop] = self
+
     def _to_loop(self, fn: Callable[..., object], *args: Any) -> None:
+        assert self._loop is not None
         self._loop.call_soon(fn, *args)
 
     def _to_trio(self, fn: Callable[..., object], *args: Any) -> None:
