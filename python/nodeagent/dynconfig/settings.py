@@ -33,6 +33,9 @@ class DynconfigSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     watchdog_bound: float = 60.0
     # Seconds between two health checks during a trial.
     health_interval: float = 5.0
+    # Seconds the NodeAgentConfigOK condition (a Node status write) may keep failing before the
+    # dynconfig component turns not ready (longer than a brief control-plane restart).
+    status_write_bound: float = 120.0
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
@@ -42,6 +45,7 @@ class DynconfigSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "unready_bound",
             "watchdog_bound",
             "health_interval",
+            "status_write_bound",
         ):
             check_seconds(f"dynconfig.{name}", getattr(self, name))
         if self.crashloop_restarts < 1:

@@ -24,6 +24,7 @@ from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.config.loader import Override, apply_overrides, read_config_file
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.dynconfig.controller import (
     CONDITION_TYPE,
     Assignment,
@@ -168,6 +169,7 @@ class DynconfigComponent:
         self._lost = trio.Event()
         self.condition_error: str | None = None
         self.condition_writes = 0
+        self._status_failing: Lapses[str] = Lapses("dynconfig", "node_status_writes")
         self.events_posted = 0  # Events created on the Node (apply, veto, invalid, rollback)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -410,11 +412,21 @@ class DynconfigComponent:
                 f"looking for the NodeAgentConfig kind: running {self.controller.active.name} "
                 "config"
             )
+        # The Node's status (the condition) not writable: bounded, a control-plane restart
+        # must not flip readiness (nor roll a trial back).
+        now, bound = trio.current_time(), self.controller.settings.status_write_bound
+        failing = {"condition": self.condition_error} if self.condition_error else {}
+        lapses = self._status_failing.observe(failing, now)
+        what = "writing the NodeAgentConfigOK condition fails"
+        if overdue(lapses, now, bound) is not None:
+            return False, describe(what, lapses[0], now, bound)
+        writing = "; " + describe(what, lapses[0], now, bound) if lapses else ""
         problems = [r for acc in self.accumulators if (r := acc.not_ready_reason())]
         if problems:
-            return True, "watching NodeAgentConfig objects (" + "; ".join(problems) + ")"
+            watching = "watching NodeAgentConfig objects (" + "; ".join(problems) + ")"
+            return True, watching + writing
         condition = self.controller.condition()
-        return True, f"{condition.reason}: {condition.message}"
+        return True, f"{condition.reason}: {condition.message}{writing}"
 
     def view(self) -> dict[str, Any]:
         return {

@@ -263,3 +263,31 @@ async def test_an_unreachable_plugin_is_not_ready_only_past_the_bound(
 def test_bounds_are_finite_and_positive(build: Any, field: str, value: float) -> None:
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
         build(value).validate()
+
+
+async def test_node_status_writes_failing_are_not_ready_only_past_the_bound(
+    tmp_path: Any, autojump_clock: trio.testing.MockClock
+) -> None:
+    from tests.unit.dynconfig.test_component import running
+
+    async with running(tmp_path, refuse=True) as rig:
+        await trio.sleep(0.5)  # the first write refused
+        assert rig.component.condition_error is not None
+        # Readiness is asked every heartbeat (the status loop); here every 10 s.
+        for _ in range(12):
+            ready, why = rig.component.readiness()
+            assert ready, why
+            await trio.sleep(10)
+        ready, why = rig.component.readiness()
+        assert (
+            ready and "writing the NodeAgentConfigOK condition fails for 120s (bound 120s)" in why
+        )
+        await trio.sleep(1)
+        ready, why = rig.component.readiness()
+        assert not ready and why.startswith(
+            "writing the NodeAgentConfigOK condition fails for 121s (bound 120s): "
+        ), why
+        assert "nodes/status is forbidden" in why
+        rig.client.refuse = False
+        await trio.sleep(70)  # the next attempt (backoff up to 60 s) writes it
+        assert rig.component.readiness()[0]
