@@ -19,12 +19,14 @@ through this module's small API, so no asyncio object or grpclib exception reach
 Every failure surfaces as `RpcError` (with the gRPC status name) or one of its subclasses, an
 `asyncio.CancelledError` of the asyncio side included.
 
-How: the loop runs in a dedicated thread for the bridge's lifetime. Each hop is one callback
-posted to the other side (`loop.call_soon_threadsafe` one way, `TrioToken.run_sync_soon` the
-other); a server stream is pumped by one asyncio task into a small buffer that the Trio side
-drains, with one wake-up per batch rather than per message. Every asyncio task the bridge starts
-belongs to a Trio caller, which cancels it and waits for it (bounded by `_CLOSE_TIMEOUT`) when
-it leaves: nothing on the asyncio side outlives its Trio owner. See README "Architecture".
+How: the loop runs in a dedicated thread, started on the bridge's first call (a node with no
+plugins never imports asyncio or grpclib) and stopped when the bridge closes. Each hop is one
+callback posted to the other side (`loop.call_soon_threadsafe` one way,
+`TrioToken.run_sync_soon` the other); a server stream is pumped by one asyncio task into a
+small buffer that the Trio side drains, with one wake-up per batch rather than per message.
+Every asyncio task the bridge starts belongs to a Trio caller, which cancels it and waits for it
+(bounded by `_CLOSE_TIMEOUT`) when it leaves: nothing on the asyncio side outlives its Trio
+owner. See README "Architecture".
 """
 
 from __future__ import annotations
