@@ -224,7 +224,9 @@ class Accumulator:
     def update(self, target: object, deltas: list[Delta[Any]] | None = None) -> bool:
         """Sets one attribute of ``target`` per query (an `ObjectMap`) and, if given, fills
         ``deltas`` with the coalesced changes since the last call. Returns whether anything
-        changed; the first call after bootstrap always returns True. Before bootstrap it
+        changed: an object, or a query that became known again (a relist completed, also one
+        that changed no object: ``deltas`` then stays empty); the first call after bootstrap
+        always returns True. Before bootstrap it
         returns False and leaves ``target`` alone."""
         if deltas is not None:
             deltas.clear()
@@ -243,7 +245,11 @@ class Accumulator:
                 continue
             got = f.view.drain()
             f.shown = True
-            f.lists_shown = f.sink.lists_completed
+            if f.lists_shown != f.sink.lists_completed:
+                # Known again (a relist completed), even if it changed no object: news for a
+                # consumer that held back while the query was not known.
+                f.lists_shown = f.sink.lists_completed
+                changed = True
             if got:
                 changed = True
                 if deltas is not None:

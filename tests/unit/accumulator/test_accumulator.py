@@ -366,8 +366,9 @@ async def test_malformed_list_page_is_reported(autojump_clock: trio.testing.Mock
         await cm.begin_list()
         await cm.list_page(b'{"items": [{"metadata"')
         await cm.end_list("9")
-        assert not acc.update(snap)
-        assert names(snap.cms) == [("default", "a")]
+        deltas: list[Delta[Any]] = []
+        acc.update(snap, deltas)  # True: the query is known again; no object changed
+        assert deltas == [] and names(snap.cms) == [("default", "a")]
         after = metric("nodeagent_accumulator_malformed_total", query="cms", source="list_page")
         assert after == before + 1
 

@@ -220,7 +220,10 @@ async def test_known_again_without_changes_wakes_the_consumer(
         assert acc.status("cms").known
         with trio.fail_after(600):
             await acc.changed()
-        assert not acc.update(view)  # nothing changed in the objects
+        deltas: list[Any] = []
+        # News for the consumer (update() True: the query is known again), with no object delta.
+        assert acc.update(view, deltas) and deltas == []
+        assert not acc.update(view)
         # And it is one wake-up, not a stream of them.
         with trio.move_on_after(600) as idle:
             await acc.changed()
@@ -249,5 +252,6 @@ async def test_relist_after_failures_wakes_the_consumer_through_the_watch_loop(
             woken = True
         assert woken, "not woken when the query became known again"
         assert acc.status("cms").known
-        assert not acc.update(view)
+        deltas: list[Any] = []
+        assert acc.update(view, deltas) and deltas == []
         n.cancel_scope.cancel()
