@@ -291,3 +291,45 @@ async def test_node_status_writes_failing_are_not_ready_only_past_the_bound(
         rig.client.refuse = False
         await trio.sleep(70)  # the next attempt (backoff up to 60 s) writes it
         assert rig.component.readiness()[0]
+
+
+async def test_a_plugin_whose_stream_is_down_is_not_ready_only_past_the_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    class Handler:
+        state = "open"
+
+        def plugin_status(self, name: str) -> dict[str, Any]:
+            error = "StreamTerminatedError: connection lost" if self.state == "backoff" else ""
+            return {
+                "owner_socket": "/r/gpu.sock",
+                "stream_state": self.state,
+                "stream_error": error,
+            }
+
+    manager = PluginManager(
+        PluginSettings(registry_dir="/nonexistent", unreachable_bound=40),
+        object(),  # type: ignore[arg-type]  # the bridge: no plugin is dialled here
+    )
+    manager._watcher.scanned = True
+    handler = Handler()
+    manager._handlers = {"DRAPlugin": handler}  # type: ignore[dict-item]
+    record = PluginRecord(
+        socket="/r/gpu.sock",
+        generation=1,
+        state=PluginState.REGISTERED,
+        name="gpu",
+        plugin_type="DRAPlugin",
+    )
+    manager._caches.records[record.socket] = record
+    assert manager.readiness() == (True, "1 plugins registered, 0 not registered")
+    handler.state = "backoff"  # the stream broke; reopened with backoff
+    assert manager.readiness()[0]
+    await trio.sleep(41)
+    assert manager.readiness() == (
+        False,
+        "a plugin unreachable for 41s (bound 40s): gpu: stream down: "
+        "StreamTerminatedError: connection lost",
+    )
+    handler.state = "open"
+    assert manager.readiness()[0]
