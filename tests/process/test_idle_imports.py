@@ -2,8 +2,9 @@
 
 grpclib (with h2, hpack, multidict), asyncio and the plugin-only generated protobuf modules are
 imported on the first plugin registration or first use (`nodeagent.rpc` starts its asyncio loop
-on the first call); protobuf itself only for the in-tree system reporter's report (on by
-default). That is what keeps the idle footprint down (README "Performance": idle RSS).
+on the first call); protobuf itself only for a plugin's message (the in-tree system reporter,
+on by default, builds and checkpoints its report without it, and a restart restores it without
+it). That is what keeps the idle footprint down (README "Performance": idle RSS).
 
 The agent runs as a real subprocess (standalone, READY=1 on a test notify socket, then SIGTERM);
 a wrapper around the `nodeagent` entry point writes `sys.modules` at exit, so whatever start-up,
@@ -49,13 +50,13 @@ def workdir() -> Iterator[Path]:
         yield Path(d)
 
 
-def idle_modules(workdir: Path, *sets: str) -> set[str]:
+def idle_modules(workdir: Path, *sets: str, dump_name: str = "modules.json") -> set[str]:
     """The modules an agent with no plugins had loaded from start to exit."""
-    notify_path = workdir / "notify"
+    notify_path = workdir / f"notify-{dump_name}"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(notify_path))
     notify.settimeout(60)
-    dump = workdir / "modules.json"
+    dump = workdir / dump_name
     command = [sys.executable, "-c", WRAPPER, str(dump), "run"]
     command += ["--state-dir", str(workdir / "state"), "--ops-address", "127.0.0.1:0"]
     command += ["--registry-dir", str(workdir / "registry"), "--log-level", "warning"]
@@ -97,8 +98,20 @@ def test_an_idle_agent_loads_no_grpc_stack(workdir: Path) -> None:
     assert {"nodeagent.plugins.manager", "nodeagent.rpc.bridge", "trio"} <= modules
     assert loaded(modules, GRPC_STACK) == []
     assert loaded(modules, PLUGIN_PROTOS) == []
-    # The in-tree system reporter (on by default) builds its report as the plugin message.
-    assert "nodeagent.protos.reporterplugin.v1alpha1.api_pb2" in modules
+    # The in-tree system reporter (on by default) ran, and needed no protobuf.
+    assert "nodeagent.reporter.system" in modules
+    assert loaded(modules, ("google", "nodeagent.protos")) == []
+
+
+def test_a_restart_restoring_the_system_reporters_checkpoint_loads_no_protobuf(
+    workdir: Path,
+) -> None:
+    idle_modules(workdir)
+    checkpoints = list((workdir / "state").rglob("reporter_manager_checkpoint*"))
+    assert checkpoints, "the first run wrote no reporter checkpoint"
+    modules = idle_modules(workdir, dump_name="modules-restart.json")
+    assert "nodeagent.reporter.store" in modules
+    assert loaded(modules, (*GRPC_STACK, "google", "nodeagent.protos")) == []
 
 
 def test_without_the_system_reporter_an_idle_agent_loads_no_protobuf(workdir: Path) -> None:

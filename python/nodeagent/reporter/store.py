@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -38,12 +38,8 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.reporter import metrics
-from nodeagent.reporter.model import PluginReport
+from nodeagent.reporter.model import PluginReport, Report, parse_report
 from nodeagent.reporter.settings import ReporterSettings
-
-if TYPE_CHECKING:
-    # Type hints only: reports come from plugins and in-tree reporters, which load protobuf.
-    from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
 
 __all__ = ["CHECKPOINT_NAME", "InTreeReporter", "ReportStore"]
 
@@ -62,7 +58,7 @@ class InTreeReporter(Protocol):
 
     name: str
 
-    def collect(self) -> GetReportContentResponse:
+    def collect(self) -> Report:
         """The current report; synchronous (it reads files), run in a worker thread. Raises on
         failure (the last report is kept)."""
         ...
@@ -80,7 +76,7 @@ async def _in_thread(fn: Callable[..., T], *args: Any) -> T:
 
 @dataclass
 class _Entry:
-    response: GetReportContentResponse
+    response: Report
     running: bool
     stopped_at: float | None  # wall clock, for the published PluginReport
     expires: float = math.inf  # Trio clock; inf while running
@@ -214,7 +210,7 @@ class ReportStore:
                 changed = True
         return changed
 
-    def _update(self, name: str, response: GetReportContentResponse, *, running: bool) -> bool:
+    def _update(self, name: str, response: Report, *, running: bool) -> bool:
         entry = self._entries.get(name)
         if entry is None:
             entry = self._entries[name] = _Entry(response, running=True, stopped_at=None)
@@ -351,8 +347,10 @@ def encode_checkpoint(entries: Mapping[str, _Entry], now: float) -> bytes:
     return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
 
-def decode_checkpoint(data: bytes) -> dict[str, tuple[GetReportContentResponse, float | None]]:
-    """Plugin name -> (report, stop time); ValueError naming what is wrong."""
+def decode_checkpoint(data: bytes) -> dict[str, tuple[Report, float | None]]:
+    """Plugin name -> (report, stop time); ValueError naming what is wrong. Reports come back
+    as PlainReport (no protobuf: a restart with only the system reporter's report stays
+    protobuf-free)."""
     try:
         document = json.loads(data)
     except (UnicodeDecodeError, ValueError) as exc:
@@ -362,13 +360,7 @@ def decode_checkpoint(data: bytes) -> dict[str, tuple[GetReportContentResponse, 
     plugins = document.get("plugins")
     if not isinstance(plugins, dict):
         raise ValueError("plugins: must be an object")
-    out: dict[str, tuple[GetReportContentResponse, float | None]] = {}
-    if not plugins:
-        return out
-    from google.protobuf.message import DecodeError
-
-    from nodeagent.protos.reporterplugin.v1alpha1.api_pb2 import GetReportContentResponse
-
+    out: dict[str, tuple[Report, float | None]] = {}
     for name, item in plugins.items():
         if not isinstance(item, dict):
             raise ValueError(f"plugins.{name}: must be an object")
@@ -379,8 +371,8 @@ def decode_checkpoint(data: bytes) -> dict[str, tuple[GetReportContentResponse, 
             raise ValueError(f"plugins.{name}.stopped_at: must be a number or null")
         try:
             raw = base64.b64decode(item.get("response", ""), validate=True)
-            response = GetReportContentResponse.FromString(raw)
-        except (TypeError, binascii.Error, DecodeError) as exc:
+            response = parse_report(raw)
+        except (TypeError, binascii.Error, ValueError) as exc:
             raise ValueError(f"plugins.{name}.response: {exc}") from None
         out[name] = (response, None if stopped_at is None else float(stopped_at))
     return out

@@ -27,12 +27,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nodeagent.core.k8s import canonicalize
-
-if TYPE_CHECKING:
-    from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
+from nodeagent.reporter.model import GroupVersionKind, PlainReport, ReportContent, ReportField
 
 __all__ = [
     "SYSTEM_REPORTER_NAME",
@@ -225,30 +223,28 @@ def topology_zones(machine: Machine) -> list[dict[str, Any]]:
     return sockets + top
 
 
+# FieldType values of the ReporterPlugin proto (reporterplugin.v1alpha1.FieldType).
+_SPEC, _STATUS = 0, 1
+
+
 def build_system_report(
     machine: Machine, *, cpu_flags: bool = False, cpu_model: bool = False
-) -> api_pb2.GetReportContentResponse:
-    # Here, not at the top: with the system reporter off, an idle node never loads protobuf.
-    from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2
+) -> PlainReport:
+    """The report, as plain values: no protobuf at idle (a node with no plugins never loads it;
+    its wire form, checkpointed, is protobuf's byte for byte)."""
 
-    def field(field_type: api_pb2.FieldType, name: str, value: Any) -> api_pb2.ReportField:
-        encoded = json.dumps(value, separators=(",", ":")).encode()
-        return api_pb2.ReportField(fieldType=field_type, fieldName=name, value=encoded)
+    def field(field_type: int, name: str, value: Any) -> ReportField:
+        return ReportField(field_type, name, json.dumps(value, separators=(",", ":")).encode())
 
-    content = api_pb2.ReportContent(
-        field=[
-            field(
-                api_pb2.Spec,
-                "NodeResourceProperties",
-                node_resource_properties(machine, cpu_flags=cpu_flags, cpu_model=cpu_model),
-            ),
-            field(api_pb2.Status, "TopologyZone", topology_zones(machine)),
-        ]
+    properties = node_resource_properties(machine, cpu_flags=cpu_flags, cpu_model=cpu_model)
+    content = ReportContent(
+        GroupVersionKind(CNR_GROUP, CNR_VERSION, CNR_KIND),
+        (
+            field(_SPEC, "NodeResourceProperties", properties),
+            field(_STATUS, "TopologyZone", topology_zones(machine)),
+        ),
     )
-    content.groupVersionKind.group = CNR_GROUP
-    content.groupVersionKind.version = CNR_VERSION
-    content.groupVersionKind.kind = CNR_KIND
-    return api_pb2.GetReportContentResponse(content=[content])
+    return PlainReport((content,))
 
 
 class SystemReporter:
@@ -263,6 +259,6 @@ class SystemReporter:
         self.cpu_flags = cpu_flags
         self.cpu_model = cpu_model
 
-    def collect(self) -> api_pb2.GetReportContentResponse:
+    def collect(self) -> PlainReport:
         machine = read_machine(self.root)
         return build_system_report(machine, cpu_flags=self.cpu_flags, cpu_model=self.cpu_model)
