@@ -139,6 +139,7 @@ class _Newest(Generic[M]):
     def __init__(self) -> None:
         self.message: M | None = None
         self.arrived = trio.Event()
+        self.last = -math.inf  # (Trio clock) when a message of the stream was last processed
 
     def put(self, message: M) -> bool:
         """Hold `message`; True if it superseded one that was never processed."""
@@ -491,13 +492,16 @@ class StreamingHandler(ABC, Generic[M]):
     async def _consume(self, entry: _Entry, stream: _Stream, messages: ServerStream[M]) -> None:
         """Read the stream in one task and process in another, the newest message winning: a
         flooding plugin's stale messages are skipped, not validated and published one by one.
-        What is pending when the stream ends or fails is processed before that is reported."""
+        A message that is the newest one read, with nothing pending and the min interval past,
+        is processed by the reader itself (no hand-over to the other task: the plugin path's
+        latency). What is pending when the stream ends or fails is processed before that is
+        reported."""
         pending: _Newest[M] = _Newest()
         failure: list[Exception] = []
         error: Exception | None = None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._process_loop, entry, stream, pending, failure, nursery)
-            error = await self._read(entry, stream, messages, pending)
+            error = await self._read(entry, stream, messages, pending, failure)
             nursery.cancel_scope.cancel()
         if not failure:
             message = pending.take()
@@ -509,9 +513,15 @@ class StreamingHandler(ABC, Generic[M]):
             raise error
 
     async def _read(
-        self, entry: _Entry, stream: _Stream, messages: ServerStream[M], pending: _Newest[M]
+        self,
+        entry: _Entry,
+        stream: _Stream,
+        messages: ServerStream[M],
+        pending: _Newest[M],
+        failure: list[Exception],
     ) -> Exception | None:
-        """Read until the stream ends (None) or fails (the error)."""
+        """Read until the stream ends (None), fails (the error) or processing failed (None,
+        the error in `failure`)."""
         while True:
             try:
                 message = await messages.__anext__()
@@ -528,6 +538,12 @@ class StreamingHandler(ABC, Generic[M]):
                 continue
             except Exception as exc:
                 return exc
+            if pending.message is None and _buffered(messages) == 0 and self._due(pending.last):
+                # The newest message known and the processor idle: processed here, now.
+                pending.last = trio.current_time()
+                if not self._guarded_process(entry, stream, message, failure):
+                    return None
+                continue
             if pending.put(message):
                 entry.skipped += 1
                 self.messages_skipped += 1
@@ -541,18 +557,25 @@ class StreamingHandler(ABC, Generic[M]):
         failure: list[Exception],
         nursery: trio.Nursery,
     ) -> None:
-        last = -math.inf
         while True:
-            await pending.arrived.wait()
             # Also a checkpoint: the reader drains what already arrived before we take one.
-            await self._min_interval_after(last)
+            await pending.arrived.wait()
+            if not self._due(pending.last):
+                await self._min_interval_after(pending.last)
             message = pending.take()
             if message is None:
                 continue
-            last = trio.current_time()
+            pending.last = trio.current_time()
             if not self._guarded_process(entry, stream, message, failure):
                 nursery.cancel_scope.cancel()
                 return
+
+    def _due(self, last: float) -> bool:
+        """Whether stream_min_interval has passed since `last` (always, when it is 0: no clock
+        read, no checkpoint)."""
+        live = self.live_settings
+        interval = (live.value if live is not None else self._settings).stream_min_interval
+        return interval <= 0 or trio.current_time() >= last + interval
 
     async def _min_interval_after(self, last: float) -> None:
         """Sleep until stream_min_interval after `last`; a new interval (a reload) ends a wait
@@ -604,6 +627,14 @@ class StreamingHandler(ABC, Generic[M]):
             kind=kind,
             error=str(exc),
         )
+
+
+def _buffered(messages: object) -> int | None:
+    """Messages already read ahead on the stream; None if the stream cannot tell (an async
+    iterator other than the bridge's, a test double): then every message is handed over, and
+    the processor's checkpoint lets what already arrived supersede it, as before."""
+    buffered = getattr(messages, "buffered", None)
+    return int(buffered()) if buffered is not None else None
 
 
 def _rejection_kind(exc: MessageRejected) -> str:

@@ -194,6 +194,10 @@ class ServerStream(Generic[Rep]):
     def __aiter__(self) -> ServerStream[Rep]:
         return self
 
+    def buffered(self) -> int:
+        """Replies already received and readable without waiting (a snapshot: more may come)."""
+        return len(self._inbox._items)
+
     async def __anext__(self) -> Rep:
         if self._ended:
             raise StopAsyncIteration
