@@ -2,21 +2,30 @@
 21 s5): three reporter plugins (the SDK, each in its own process, staying up across the restarts;
 one of them sends a field the merge skips), a label of another manager on the CNR, and the agent
 restarted (SIGTERM, start again on the same state dir) three times. The apiserver's own request
-counter counts the writes; the agents' write metrics say which verb and which agent.
+counter counts the writes; its audit log names them (verb, user, time after the SIGTERM) when
+there are any; the agents' write metrics say which verb and which agent.
+
+The plugins start after the first agent created the CNR, so their reports are held by
+cnr_min_write_interval: /v1/cnr must not say synced before the held write is on the server (it
+did; on a loaded CI machine the baseline was then taken early, the first agent was stopped with
+the write still held, and the restarted agent wrote apply + status).
 
 The system reporter is off: it reads this VM's MemTotal, which moves (memory ballooning), and a
 changed report is rightly written."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import suppress
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -28,13 +37,66 @@ from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_katalyst_plugin import apiserver_cnr_writes, cnr_view
 from tests.process.test_process_resourceslices import metric_sum, until
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.apiserver import ApiServer, start_apiserver
 from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
-
-apiserver = apiserver_fixture(scope="module", nodes=("node-w",))
 
 NODE = "node-w"
 FOREIGN_LABEL = "ops.example.com/rack"
+
+# Every request on CustomNodeResources, at Metadata level: which verb, by whom and when, so
+# that a write the counter finds is named in the failure.
+AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  resources: [{group: node.katalyst.kubewharf.io, resources: [customnoderesources]}]
+- level: None
+"""
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    workdir = tmp_path_factory.mktemp("apiserver")
+    policy = workdir / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    srv = start_apiserver(
+        workdir / "srv",
+        nodes=(NODE,),
+        extra_args=[
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={workdir / 'audit.log'}",
+            "--audit-log-mode=blocking",
+            "--audit-log-format=json",
+        ],
+    )
+    try:
+        yield srv
+    finally:
+        srv.close()
+
+
+def cnr_writes_audited(apiserver: ApiServer, since: float) -> list[str]:
+    """The CNR writes the apiserver received since ``since`` (time.time()): seconds after it,
+    verb, subresource, user agent, user, response code."""
+    path = apiserver.dir.parent / "audit.log"  # next to the server's workdir (the fixture)
+    out = []
+    for line in path.read_bytes().splitlines() if path.exists() else ():
+        with suppress(ValueError, KeyError):
+            event = json.loads(line)
+            received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
+            if received < since or event.get("stage") != "ResponseComplete":
+                continue
+            if event.get("verb") in ("get", "list", "watch"):
+                continue
+            ref = event.get("objectRef", {})
+            out.append(
+                f"+{received - since:.3f}s {event['verb']} {ref.get('subresource', '')} "
+                f"ua={event.get('userAgent')} user={event['user'].get('username')} "
+                f"code={event.get('responseStatus', {}).get('code')}"
+            )
+    return out
+
 
 PLUGIN = """
 import sys, trio
@@ -77,12 +139,17 @@ def registry() -> Iterator[pathlib.Path]:
 
 
 @pytest.fixture
-def plugins(registry: pathlib.Path) -> Iterator[list[subprocess.Popen[str]]]:
-    procs = [
-        subprocess.Popen([sys.executable, "-c", PLUGIN, name, str(registry)], text=True)
-        for name in NAMES
-    ]
-    yield procs
+def plugins(registry: pathlib.Path) -> Iterator[Callable[[], None]]:
+    """Starts the three plugin processes when called (after the first agent: see the test)."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start() -> None:
+        procs.extend(
+            subprocess.Popen([sys.executable, "-c", PLUGIN, name, str(registry)], text=True)
+            for name in NAMES
+        )
+
+    yield start
     for proc in procs:
         proc.send_signal(signal.SIGTERM)
     for proc in procs:
@@ -134,6 +201,9 @@ def _start(
         "reporter.system_reporter=false",
         "--set",
         "reporter.grace=300",
+        # Long enough that the plugins' first reports are held after the create (see the test).
+        "--set",
+        "reporter.cnr_min_write_interval=5",
         *args,
     )
     agent.wait_ready()
@@ -141,6 +211,8 @@ def _start(
 
 
 def _settled(agent: AgentProcess) -> bool:
+    """The three plugins running, their reports merged and the CNR found to hold the merge
+    (`synced` is false while newer reports wait, held by cnr_min_write_interval)."""
     view = cnr_view(agent)
     sync = view.get("sync") or {}
     return bool(
@@ -158,23 +230,49 @@ def _synced(agent: AgentProcess) -> bool:
     return _settled(agent) and unchanged >= 1
 
 
-@pytest.mark.usefixtures("cnr_access", "plugins")
+@pytest.mark.usefixtures("cnr_access")
 def test_restarts_with_unchanged_plugins_write_nothing(
-    apiserver: ApiServer, start_agent: StartAgent, registry: pathlib.Path
+    apiserver: ApiServer,
+    start_agent: StartAgent,
+    registry: pathlib.Path,
+    plugins: Callable[[], None],
 ) -> None:
+    # The plugins come after the first agent created the CNR: their reports arrive within
+    # cnr_min_write_interval of that write and are held. The baseline below must not be taken
+    # before the held write (CI, loaded machine: the first agent's /v1/cnr said synced while its
+    # reports were held, the restart found the CNR short of them and wrote apply + status).
     first = _start(start_agent, apiserver, registry)
+    until(lambda: get_cnr(apiserver) is not None, "the CNR created")
+    plugins()
     until(lambda: _settled(first), "the three plugins merged into the CNR", timeout=60)
+    # Synced means on the server, not merged and held.
+    cnr = get_cnr(apiserver)
+    assert cnr is not None
+    assert cnr["metadata"].get("labels", {}).get("example.com/pool") == "a", cnr["metadata"]
+    status = cnr.get("status") or {}
+    assert status.get("topologyPolicy") and status.get("topologyZone"), status
+    unchanged = partial(metric_sum, first, "nodeagent_cnr_writes_total", 'result="unchanged"')
+    before = unchanged()
     _foreign_label(apiserver)
-    until(lambda: _settled(first), "synced again after the foreign label", timeout=60)
+    # The label's watch event wakes the writer, which finds nothing to write.
+    until(
+        lambda: unchanged() > before and _settled(first),
+        "synced again after the foreign label",
+        timeout=60,
+    )
+    assert cnr_view(first)["sync"]["writes"] >= 2  # created, then the held reports written
     cnr = get_cnr(apiserver)
     assert cnr is not None and cnr["metadata"]["labels"][FOREIGN_LABEL] == "r1"
     agent = first
     for run in range(3):
         writes = apiserver_cnr_writes(apiserver)
         version = cnr["metadata"]["resourceVersion"]
+        mark = time.time()
         agent.signal(signal.SIGTERM)
         assert agent.wait(timeout=15) == 0
+        stopped = time.time() - mark
         agent = _start(start_agent, apiserver, registry, "--state-dir", str(first.state_dir))
+        ready = time.time() - mark
         try:
             until(partial(_synced, agent), f"restart {run}: settled and synced", timeout=60)
         except AssertionError as exc:
@@ -191,7 +289,11 @@ def test_restarts_with_unchanged_plugins_write_nothing(
         }
         cnr = get_cnr(apiserver)
         assert cnr is not None
-        assert apiserver_cnr_writes(apiserver) == writes, (run, by_verb, cnr["metadata"])
+        # Every write request since the restart's baseline, named (verb, agent, time) if any.
+        assert apiserver_cnr_writes(apiserver) == writes, (
+            f"run {run}: agent's ok writes {by_verb}; SIGTERM at +0, exited +{stopped:.3f}s, "
+            f"new agent ready +{ready:.3f}s; audited: {cnr_writes_audited(apiserver, mark)}"
+        )
         assert cnr["metadata"]["resourceVersion"] == version, run
         assert cnr["metadata"]["labels"][FOREIGN_LABEL] == "r1"
         assert cnr_view(agent)["sync"]["writes"] == 0

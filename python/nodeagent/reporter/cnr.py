@@ -447,7 +447,9 @@ class CnrWriter:
             acc = self._acc
             doc["sync"] = {
                 "observed_known": acc is not None and acc.status(QUERY).known,
-                "synced": self.synced,
+                # Not while newer reports wait to be merged and compared or written (held by
+                # cnr_min_write_interval): "synced" then would claim a CNR the server lacks.
+                "synced": self.synced and self.settled_version >= self._reports.version,
                 "writes": self.writes,
                 "error": self.error,
             }
