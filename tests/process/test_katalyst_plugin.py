@@ -35,6 +35,7 @@ from nodeagent.kube import errors
 from nodeagent.protos.k8s.apimachinery.pkg.apis.meta.v1 import generated_pb2 as meta
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rp
+from nodeagent.reporter.model import PlainReport
 from nodeagent.reporter.store import decode_checkpoint
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
@@ -533,7 +534,7 @@ def test_upstream_plugin_merged_into_the_cnr_updated_and_kept_for_the_grace(
 
 def checkpointed(
     state_dir: pathlib.Path,
-) -> dict[str, tuple[rp.GetReportContentResponse, float | None]]:
+) -> dict[str, tuple[rp.GetReportContentResponse | PlainReport, float | None]]:
     path = state_dir / "checkpoints" / "reporter_manager_checkpoint"
     if not path.exists():
         return {}

@@ -114,7 +114,7 @@ def test_system_report_is_byte_identical_to_the_protobuf_built_one(tmp_path: Pat
     report = reporter.collect()
     machine = read_machine(root)
 
-    def field(field_type: int, name: str, value: object) -> rep.ReportField:
+    def field(field_type: rep.FieldType, name: str, value: object) -> rep.ReportField:
         encoded = json.dumps(value, separators=(",", ":")).encode()
         return rep.ReportField(fieldType=field_type, fieldName=name, value=encoded)
 
