@@ -10,7 +10,6 @@ of every field the agent writes turned on, one with the release's defaults."""
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator, Iterator
 from contextlib import suppress
 from typing import Any
@@ -47,11 +46,10 @@ DRA_GATES = (
 
 
 def _start(workdir: Any, gates: bool) -> ApiServer:
-    kwargs: dict[str, Any] = {}
-    if "release" in inspect.signature(start_apiserver).parameters:
-        kwargs["release"] = "1.35"  # the release whose defaults drop these fields
+    # 1.35 with its default gates (the release whose defaults drop these fields), plus
+    # DRA_GATES when asked: whatever gate lane the run selects ($NODEAGENT_KUBE_GATES).
     extra = [f"--feature-gates={DRA_GATES}"] if gates else []
-    return start_apiserver(workdir, extra_args=extra, **kwargs)
+    return start_apiserver(workdir, extra_args=extra, release="1.35", gates="default")
 
 
 @pytest.fixture(scope="module")
