@@ -20,21 +20,16 @@ Environment:
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import tempfile
-import time
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tests.support.gobuild import GoBinary
+from tests.support.goprocess import GoProcess, write_json
 
 __all__ = [
     "DraPlugin",
@@ -49,7 +44,6 @@ __all__ = [
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SH = REPO_ROOT / "tests" / "draplugin" / "build.sh"
 START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
 RELOADED = "SIGHUP: inventory reloaded"
 
 
@@ -115,8 +109,10 @@ def kubelet_dirs(prefix: str = "na-dra-", *, plugins_in_registry: bool = False) 
     return KubeletDirs(root, registry, plugins)
 
 
-class DraPlugin:
+class DraPlugin(GoProcess):
     """A running ``draplugin`` process; its stderr goes to ``log_path``."""
+
+    label = "draplugin"
 
     def __init__(
         self,
@@ -130,9 +126,7 @@ class DraPlugin:
         self.driver = driver
         self.dirs = dirs
         self.inventory_path = inventory_path
-        self.log_path = log_path
-        self.proc = proc
-        self._log_file = log_file
+        super().__init__(log_path, proc, log_file)
 
     @property
     def registration_socket(self) -> pathlib.Path:
@@ -157,7 +151,7 @@ class DraPlugin:
         binary = build_draplugin()
         workdir = workdir or dirs.root
         inventory_path = workdir / f"{driver}-inventory.json"
-        _write_json(inventory_path, resources)
+        write_json(inventory_path, resources)
         log_path = workdir / f"{driver}.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - closed by close()
         proc = subprocess.Popen(
@@ -178,7 +172,6 @@ class DraPlugin:
             stderr=log_file,
         )
         plugin = cls(driver, dirs, inventory_path, log_path, proc, log_file)
-        _live.add(plugin)
         try:
             plugin._wait(
                 lambda: plugin.registration_socket.is_socket() and plugin.endpoint.is_socket(),
@@ -190,58 +183,7 @@ class DraPlugin:
             raise
         return plugin
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
     def update(self, resources: Sequence[Mapping[str, Any]], timeout: float = 10.0) -> None:
         """Replace the inventory: rewrite the file, SIGHUP, and wait until the plugin has re-read
         it (every open stream is then sent the new inventory)."""
-        before = self.log().count(RELOADED)
-        _write_json(self.inventory_path, resources)
-        self.proc.send_signal(signal.SIGHUP)
-        self._wait(lambda: self.log().count(RELOADED) > before, "the inventory reload", timeout)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM and wait: the upstream helper removes both sockets. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        """Make sure the process is gone (SIGKILL if needed) and the log file closed."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log_file.close()
-
-    def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"draplugin exited ({self.proc.returncode}) waiting for {what}:\n"
-                    + self.log()[-4000:]
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"draplugin: no {what} within {timeout}s:\n{self.log()[-4000:]}")
-            time.sleep(0.02)
-
-
-# A test that dies between start and close must not leave the plugin running.
-_live: weakref.WeakSet[DraPlugin] = weakref.WeakSet()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for plugin in list(_live):
-        plugin.close()
-
-
-def _write_json(path: pathlib.Path, value: Any) -> None:
-    # Atomic: the plugin never reads a half-written file.
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
+        self._reload(self.inventory_path, resources, RELOADED, "the inventory reload", timeout)

@@ -25,21 +25,17 @@ Environment:
 
 from __future__ import annotations
 
-import atexit
 import json
-import os
 import pathlib
 import re
-import signal
 import subprocess
-import time
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 from tests.support.draplugin import KubeletDirs
 from tests.support.gobuild import GoBinary
+from tests.support.goprocess import STOP_TIMEOUT, GoProcess, write_json
 
 __all__ = [
     "SERVICES",
@@ -53,7 +49,6 @@ __all__ = [
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD_SH = REPO_ROOT / "tests" / "draplugin-v037" / "build.sh"
 START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
 REPUBLISHED = "SIGHUP: devices republished"
 
 # What the v0.37 helper lists in supported_versions by default (draplugin.go, Start).
@@ -108,8 +103,10 @@ def _parse(pattern: re.Pattern[str], text: str) -> list[Notification]:
     return [Notification(r == "true", json.loads(e)) for r, e in pattern.findall(text)]
 
 
-class ModernDraPlugin:
+class ModernDraPlugin(GoProcess):
     """A running ``draplugin-v037`` process; its stderr goes to ``log_path``."""
+
+    label = "draplugin-v037"
 
     def __init__(
         self,
@@ -125,9 +122,7 @@ class ModernDraPlugin:
         self.rolling_update_uid = rolling_update_uid
         self.dirs = dirs
         self.devices_path = devices_path
-        self.log_path = log_path
-        self.proc = proc
-        self._log_file = log_file
+        super().__init__(log_path, proc, log_file)
 
     @property
     def registration_socket(self) -> pathlib.Path:
@@ -162,7 +157,7 @@ class ModernDraPlugin:
         workdir = workdir or dirs.root
         instance = f"{driver}{'-' + rolling_update_uid if rolling_update_uid else ''}"
         devices_path = workdir / f"{instance}-devices.json"
-        _write_json(devices_path, devices)
+        write_json(devices_path, devices)
         log_path = workdir / f"{instance}.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - closed by close()
         proc = subprocess.Popen(
@@ -189,7 +184,6 @@ class ModernDraPlugin:
             stderr=log_file,
         )
         plugin = cls(driver, dirs, devices_path, log_path, proc, log_file, rolling_update_uid)
-        _live.add(plugin)
         try:
             plugin._wait(
                 lambda: plugin.registration_socket.is_socket() and plugin.endpoint.is_socket(),
@@ -200,9 +194,6 @@ class ModernDraPlugin:
             plugin.close()
             raise
         return plugin
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
     def notifications(self) -> list[Notification]:
         """Every NotifyRegistrationStatus the driver was sent, oldest first."""
@@ -221,19 +212,7 @@ class ModernDraPlugin:
     def update(self, devices: Sequence[Mapping[str, Any]], timeout: float = 10.0) -> None:
         """Replace the devices: rewrite the file, SIGHUP, and wait until they are handed to the
         helper's ResourceSlice controller (which writes them soon after)."""
-        before = self.log().count(REPUBLISHED)
-        _write_json(self.devices_path, devices)
-        self.proc.send_signal(signal.SIGHUP)
-        self._wait(lambda: self.log().count(REPUBLISHED) > before, "the republish", timeout)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM and wait: the helper removes both sockets. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.close()
+        self._reload(self.devices_path, devices, REPUBLISHED, "the republish", timeout)
 
     def kill(self) -> int:
         """SIGKILL, as a crash or an OOM kill: nothing is cleaned up, both socket files stay."""
@@ -242,41 +221,3 @@ class ModernDraPlugin:
             return self.proc.wait(STOP_TIMEOUT)
         finally:
             self.close()
-
-    def close(self) -> None:
-        """Make sure the process is gone (SIGKILL if needed) and the log file closed."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log_file.close()
-
-    def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"draplugin-v037 exited ({self.proc.returncode}) waiting for {what}:\n"
-                    + self.log()[-4000:]
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"draplugin-v037: no {what} within {timeout}s:\n{self.log()[-4000:]}"
-                )
-            time.sleep(0.02)
-
-
-# A test that dies between start and close must not leave the driver running.
-_live: weakref.WeakSet[ModernDraPlugin] = weakref.WeakSet()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for plugin in list(_live):
-        plugin.close()
-
-
-def _write_json(path: pathlib.Path, value: Any) -> None:
-    # Atomic: the driver never reads a half-written file.
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)

@@ -24,18 +24,13 @@ Environment:
 
 from __future__ import annotations
 
-import atexit
-import json
-import os
 import pathlib
-import signal
 import subprocess
-import time
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from tests.support.gobuild import GoBinary
+from tests.support.goprocess import GoProcess, write_json
 
 __all__ = [
     "CNR_GVK",
@@ -50,7 +45,6 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODULE_DIR = REPO_ROOT / "tests" / "katalystplugin"
 BUILD_SH = MODULE_DIR / "build.sh"
 START_TIMEOUT = 30.0
-STOP_TIMEOUT = 15.0
 RELOADED = "SIGHUP: content reloaded"
 NOT_RELOADED = "SIGHUP: content not reloaded"
 CNR_GVK = {
@@ -91,8 +85,10 @@ def cnr_content(fields: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 # the plugin process
 
 
-class KatalystPlugin:
+class KatalystPlugin(GoProcess):
     """A running ``katalystplugin`` process; its stderr goes to ``log_path``."""
+
+    label = "katalystplugin"
 
     def __init__(
         self,
@@ -106,9 +102,7 @@ class KatalystPlugin:
         self.name = name
         self.plugin_dir = plugin_dir
         self.content_path = content_path
-        self.log_path = log_path
-        self.proc = proc
-        self._log_file = log_file
+        super().__init__(log_path, proc, log_file)
 
     @property
     def socket(self) -> pathlib.Path:
@@ -130,7 +124,7 @@ class KatalystPlugin:
         plugin_dir = pathlib.Path(plugin_dir)
         workdir = workdir or plugin_dir.parent
         content_path = workdir / f"{name}-content.json"
-        _write_json(content_path, content)
+        write_json(content_path, content)
         log_path = workdir / f"{name}.log"
         log_file = open(log_path, "w")  # noqa: SIM115 - closed by close()
         proc = subprocess.Popen(
@@ -149,7 +143,6 @@ class KatalystPlugin:
             stderr=log_file,
         )
         plugin = cls(name, plugin_dir, content_path, log_path, proc, log_file)
-        _live.add(plugin)
         try:
             # The socket file exists from listen(); "successfully started" is logged after the
             # skeleton's own dial check, when it serves.
@@ -166,64 +159,11 @@ class KatalystPlugin:
             raise
         return plugin
 
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
     def update(self, content: Mapping[str, Any], timeout: float = 10.0) -> None:
         """Replace the content: rewrite the file, SIGHUP, and wait until the plugin has re-read
         it (every open stream is then sent the new content)."""
-        before = self.log().count(RELOADED)
-        _write_json(self.content_path, content)
-        self.proc.send_signal(signal.SIGHUP)
-        self._wait(lambda: self.log().count(RELOADED) > before, "the content reload", timeout)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> int:
-        """SIGTERM and wait: the skeleton removes the socket. Returns the exit status."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        finally:
-            self.close()
+        self._reload(self.content_path, content, RELOADED, "the content reload", timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no cleanup, the socket file stays behind."""
         self.close()
-
-    def close(self) -> None:
-        """Make sure the process is gone (SIGKILL if needed) and the log file closed."""
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self._log_file.close()
-
-    def _wait(self, condition: Callable[[], bool], what: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"katalystplugin exited ({self.proc.returncode}) waiting for {what}:\n"
-                    + self.log()[-4000:]
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"katalystplugin: no {what} within {timeout}s:\n{self.log()[-4000:]}"
-                )
-            time.sleep(0.02)
-
-
-# A test that dies between start and close must not leave the plugin running.
-_live: weakref.WeakSet[KatalystPlugin] = weakref.WeakSet()
-
-
-@atexit.register
-def _kill_leftovers() -> None:
-    for plugin in list(_live):
-        plugin.close()
-
-
-def _write_json(path: pathlib.Path, value: Any) -> None:
-    # Atomic: the plugin never reads a half-written file.
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value, indent=1))
-    os.replace(tmp, path)
