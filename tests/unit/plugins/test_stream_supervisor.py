@@ -256,7 +256,11 @@ async def test_a_rejected_newest_message_keeps_the_last_processed_one(
     autojump_clock: trio.abc.Clock, nursery: trio.Nursery
 ) -> None:
     bad = rep.GetReportContentResponse(content=[rep.ReportContent()])
-    handler = _ScriptedHandler([[_msg("first"), _sleep(1), _msg("skipped"), bad, HANG]], SETTINGS)
+    # "skipped" and the bad one arrive inside the min interval after "first", so only the bad
+    # one is processed when it ends (without the interval, Trio may schedule the processor
+    # between the two reads, and "skipped" is processed: a legal order, not this test's).
+    settings = PluginSettings(stream_min_interval=5.0)
+    handler = _ScriptedHandler([[_msg("first"), _sleep(1), _msg("skipped"), bad, HANG]], settings)
     await nursery.start(handler.run)
     await handler.register(_plugin())
     await _wait(handler, lambda: _status(handler)["messages_rejected"] == 1)
