@@ -8,25 +8,40 @@ from __future__ import annotations
 import builtins
 import random
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, cast
 
 import httpx
 import msgspec
 
 from nodeagent.kube import errors
+from nodeagent.kube.auth import TokenSource
+from nodeagent.kube.dryrun import DryRun
 from nodeagent.kube.kubeconfig import ClusterConfig
 from nodeagent.kube.metrics import WRITE_OBSERVER_ERRORS
 from nodeagent.kube.models import ListHead, ObjectHead
+from nodeagent.kube.ratelimit import TokenBucket
 from nodeagent.kube.resource import Resource
 from nodeagent.kube.transport import Transport
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    # A TypeVar default (PEP 696, in `typing` from 3.13) types ``into=`` in one signature per
+    # verb: no ``into`` -> bytes, ``into=X`` -> X. At run time the default is not needed.
+    from typing_extensions import TypeVar
+
+    T = TypeVar("T", default=bytes)
+else:
+    from typing import TypeVar
+
+    T = TypeVar("T")
+# The default of ``into``: the raw JSON bytes. Typed Any so that it fits ``type[T]`` for any T
+# (the TypeVar default above then says what the call returns).
+RAW: Any = bytes
 Body = bytes | Mapping[str, Any] | msgspec.Struct
 PatchType = Literal["merge", "strategic", "json", "apply"]
 Verb = Literal["create", "update", "patch", "delete"]
@@ -124,8 +139,8 @@ def _decoder(tp: type[T]) -> msgspec.json.Decoder[T]:
     return cast("msgspec.json.Decoder[T]", dec)
 
 
-def _decode(data: bytes | memoryview, tp: type[T] | None) -> Any:
-    return bytes(data) if tp is None else _decoder(tp).decode(data)
+def _decode(data: bytes | memoryview, tp: type[T]) -> T:
+    return cast("T", bytes(data)) if tp is bytes else _decoder(tp).decode(data)
 
 
 def encode_body(obj: Body) -> bytes:
@@ -142,13 +157,13 @@ def selector_params(label_selector: str | None, field_selector: str | None) -> d
     return params
 
 
-class KubeClient(Transport):
+class KubeClient:
     """An async Kubernetes API client; use as ``async with KubeClient(config) as client``.
 
     Reads return raw JSON bytes, or a decoded struct when ``into=`` names a type. Writes take
     bytes, a dict or a struct the caller built (never a decoded view: it lacks the fields the
-    view does not declare). Any other call goes through `Transport.request` / `.stream`, which
-    the client is.
+    view does not declare). Any other call goes through `request` / `stream`, which hand it to
+    the client's `Transport` (the way httpx's Client sends through its transport).
 
     ``qps``/``burst``: the token bucket every request, list and watch (re)connect shares.
     ``request_timeout``: deadline of one unary attempt. ``max_attempts``, ``retry_backoff``
@@ -156,8 +171,10 @@ class KubeClient(Transport):
     Retry-After (watches included). ``watch``: how watches through this client run
     (`WatchOptions`). ``page_size``: ``limit`` of list pages. ``token_reread_interval``: token
     files are re-read this often (and after a 401). ``exec_skew``: exec credentials are renewed
-    this long before they expire. ``transport``: an httpx transport to use instead of real
-    connections (tests).
+    this long before they expire. ``transport``: a `Transport` to send through (the other
+    transport parameters are then its own), or an httpx transport to use instead of real
+    connections (tests). ``dry_run``: send every write with ``dryRun=All`` and record it
+    there (`nodeagent.kube.dryrun`).
     """
 
     def __init__(
@@ -176,26 +193,106 @@ class KubeClient(Transport):
         token_reread_interval: float = 60.0,
         exec_skew: float = 300.0,
         rng: random.Random | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: Transport | httpx.AsyncBaseTransport | None = None,
+        dry_run: DryRun | None = None,
     ) -> None:
-        super().__init__(
-            config,
-            qps=qps,
-            burst=burst,
-            request_timeout=request_timeout,
-            connect_timeout=connect_timeout,
-            max_attempts=max_attempts,
-            retry_backoff=retry_backoff,
-            max_retry_after=max_retry_after,
-            token_reread_interval=token_reread_interval,
-            exec_skew=exec_skew,
-            rng=rng or random.Random(),
-            transport=transport,
-        )
+        if isinstance(transport, Transport):
+            self.transport = transport
+        else:
+            self.transport = Transport(
+                config,
+                qps=qps,
+                burst=burst,
+                request_timeout=request_timeout,
+                connect_timeout=connect_timeout,
+                max_attempts=max_attempts,
+                retry_backoff=retry_backoff,
+                max_retry_after=max_retry_after,
+                token_reread_interval=token_reread_interval,
+                exec_skew=exec_skew,
+                rng=rng or random.Random(),
+                transport=transport,
+            )
+        # Every write goes with dryRun=All and is recorded there (None: writes are real).
+        self.dry_run = dry_run
+        if dry_run is not None:
+            self.transport.dry_run = True
         self.watch_options = watch or WatchOptions()
         self.page_size = page_size
         self._observers: builtins.list[Callable[[WriteEvent], None]] = []
         self._discovery: dict[str, dict[str, Resource]] = {}
+
+    # -- the transport's face ---------------------------------------------------------------
+
+    @property
+    def config(self) -> ClusterConfig:
+        return self.transport.config
+
+    @property
+    def limiter(self) -> TokenBucket:
+        return self.transport.limiter
+
+    @property
+    def rng(self) -> random.Random:
+        return self.transport.rng
+
+    @property
+    def max_retry_after(self) -> float:
+        return self.transport.max_retry_after
+
+    @property
+    def tokens(self) -> TokenSource | None:
+        return self.transport.tokens
+
+    @tokens.setter
+    def tokens(self, tokens: TokenSource | None) -> None:
+        self.transport.tokens = tokens
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str | None = None,
+        verb: str = "",
+        resource: str = "",
+        idempotent: bool = True,
+    ) -> bytes:
+        """One API call through the transport (see `Transport.request`). The typed verbs
+        call it too, so a wrapper set on the instance sees every request."""
+        return await self.transport.request(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            verb=verb,
+            resource=resource,
+            idempotent=idempotent,
+        )
+
+    def stream(
+        self,
+        path: str,
+        params: Mapping[str, str],
+        *,
+        read_timeout: float,
+        verb: str = "watch",
+        resource: str = "",
+    ) -> AbstractAsyncContextManager[httpx.Response]:
+        """A streaming GET through the transport (see `Transport.stream`); watches open
+        theirs here, so a subclass may wrap it."""
+        return self.transport.stream(
+            path, params, read_timeout=read_timeout, verb=verb, resource=resource
+        )
+
+    def open(self) -> None:
+        self.transport.open()
+
+    async def aclose(self) -> None:
+        await self.transport.aclose()
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -238,36 +335,15 @@ class KubeClient(Transport):
 
     # -- reads ----------------------------------------------------------------------------
 
-    @overload
     async def get(
         self,
         resource: Resource,
         name: str,
         namespace: str | None = None,
         *,
+        into: type[T] = RAW,
         subresource: str | None = None,
-    ) -> bytes: ...
-
-    @overload
-    async def get(
-        self,
-        resource: Resource,
-        name: str,
-        namespace: str | None = None,
-        *,
-        into: type[T],
-        subresource: str | None = None,
-    ) -> T: ...
-
-    async def get(
-        self,
-        resource: Resource,
-        name: str,
-        namespace: str | None = None,
-        *,
-        into: type[Any] | None = None,
-        subresource: str | None = None,
-    ) -> Any:
+    ) -> T:
         """The object's JSON bytes, or the object decoded into ``into``."""
         data = await self.request(
             "GET", resource.path(namespace, name, subresource), verb="get", resource=resource.plural
@@ -300,45 +376,23 @@ class KubeClient(Transport):
                 return
             params["continue"] = meta.continue_
 
-    @overload
     async def list(
         self,
         resource: Resource,
         namespace: str | None = None,
         *,
+        into: type[T] = RAW,
         label_selector: str | None = None,
         field_selector: str | None = None,
         page_size: int | None = None,
-    ) -> ListResult[bytes]: ...
-
-    @overload
-    async def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        into: type[T],
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int | None = None,
-    ) -> ListResult[T]: ...
-
-    async def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        *,
-        into: type[Any] | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-        page_size: int | None = None,
-    ) -> ListResult[Any]:
+    ) -> ListResult[T]:
         """Every item across all pages (raw bytes each, or decoded into ``into``).
 
         If a continue token expires mid-way (410), the list starts over once, like client-go's
         pager.
         """
-        items_type: Any = _RawList if into is None else _typed_list(into)
+        raw = into is bytes
+        items_type: Any = _RawList if raw else _typed_list(into)
         decoder = _decoder(items_type)
         for restart in (False, True):
             items: builtins.list[Any] = []
@@ -353,7 +407,7 @@ class KubeClient(Transport):
                 ):
                     decoded = decoder.decode(page.body)
                     got = decoded.items or []
-                    items.extend([bytes(i) for i in got] if into is None else got)
+                    items.extend([bytes(i) for i in got] if raw else got)
                     rv = page.resource_version
             except errors.Gone:
                 if restart:
@@ -395,6 +449,82 @@ class KubeClient(Transport):
 
     # -- writes ---------------------------------------------------------------------------
 
+    async def _write(
+        self,
+        resource: Resource,
+        method: str,
+        path: str,
+        body: bytes,
+        *,
+        verb: str,
+        params: Mapping[str, str] | None = None,
+        content_type: str = _JSON,
+        idempotent: bool = True,
+    ) -> tuple[bytes, bool]:
+        """Sends a write: (the answer, whether the server gave it now). In a dry run the very
+        same write made before is answered from memory (see `nodeagent.kube.dryrun`)."""
+        dry = self.dry_run
+        key = None
+        if dry is not None:
+            key = dry.key(method, path, params, body)
+            answer = dry.answered(key)
+            if answer is not None:
+                return answer, False
+        data = await self.request(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            verb=verb,
+            resource=resource.plural,
+            idempotent=idempotent,
+        )
+        if dry is not None and key is not None:
+            dry.remember(key, data)
+        return data, True
+
+    async def _record(
+        self,
+        verb: str,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        would: bytes | None,
+        *,
+        current: bool = True,
+    ) -> None:
+        """Records a dry-run write with the object as the cluster holds it (read now: the
+        dry run changed nothing)."""
+        assert self.dry_run is not None
+        held: bytes | None = None
+        if current and name:
+            try:
+                held = await self.get(resource, name, namespace)
+            except errors.NotFound:
+                held = None
+            except errors.KubeError as exc:
+                # The write is still recorded; its diff is then against nothing.
+                log.warning(
+                    "dry run: the object as the cluster holds it could not be read",
+                    resource=resource.plural,
+                    name=name,
+                    error=str(exc),
+                )
+        self.dry_run.record(verb, resource, namespace, name, would, held)
+
+    def _record_collection(self, resource: Resource, namespace: str | None, data: bytes) -> None:
+        assert self.dry_run is not None
+        try:
+            items = msgspec.json.decode(data, type=_RawList).items or []
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        for raw in items:
+            item = bytes(raw)
+            meta = _head_decoder.decode(item).metadata
+            remaining = item if _still_exists(item) else None
+            self.dry_run.record("delete", resource, namespace, meta.name, remaining, item)
+
     def _written(self, resource: Resource, verb: Verb, namespace: str | None, data: bytes) -> None:
         if self._observers:
             try:
@@ -406,67 +536,37 @@ class KubeClient(Transport):
                 return
             self._notify(resource, verb, meta.namespace or namespace, meta.name, data)
 
-    @overload
-    async def create(
-        self, resource: Resource, obj: Body, namespace: str | None = None
-    ) -> bytes: ...
-
-    @overload
-    async def create(
-        self, resource: Resource, obj: Body, namespace: str | None = None, *, into: type[T]
-    ) -> T: ...
-
     async def create(
         self,
         resource: Resource,
         obj: Body,
         namespace: str | None = None,
         *,
-        into: type[Any] | None = None,
-    ) -> Any:
+        into: type[T] = RAW,
+    ) -> T:
         """POST a new object (``metadata.generateName`` works: the answer carries the name)."""
-        data = await self.request(
+        data, fresh = await self._write(
+            resource,
             "POST",
             resource.path(namespace),
-            body=encode_body(obj),
-            content_type=_JSON,
+            encode_body(obj),
             verb="create",
-            resource=resource.plural,
             idempotent=False,
         )
+        if fresh and self.dry_run is not None:
+            await self._record("create", resource, namespace, "", data, current=False)
         self._written(resource, "create", namespace, data)
         return _decode(data, into)
 
-    @overload
     async def update(
         self,
         resource: Resource,
         obj: Body,
         namespace: str | None = None,
         *,
+        into: type[T] = RAW,
         subresource: str | None = None,
-    ) -> bytes: ...
-
-    @overload
-    async def update(
-        self,
-        resource: Resource,
-        obj: Body,
-        namespace: str | None = None,
-        *,
-        into: type[T],
-        subresource: str | None = None,
-    ) -> T: ...
-
-    async def update(
-        self,
-        resource: Resource,
-        obj: Body,
-        namespace: str | None = None,
-        *,
-        into: type[Any] | None = None,
-        subresource: str | None = None,
-    ) -> Any:
+    ) -> T:
         """PUT a whole object the caller owns. Its ``metadata.resourceVersion`` is required and
         is the precondition: a concurrent change gives `Conflict`."""
         body = encode_body(obj)
@@ -478,18 +578,14 @@ class KubeClient(Transport):
                 f"update {resource.plural}/{meta.name}: metadata.resourceVersion is required "
                 "(optimistic concurrency); use patch or apply for unconditional writes"
             )
-        data = await self.request(
-            "PUT",
-            resource.path(namespace, meta.name, subresource),
-            body=body,
-            content_type=_JSON,
-            verb="update",
-            resource=resource.plural,
+        data, fresh = await self._write(
+            resource, "PUT", resource.path(namespace, meta.name, subresource), body, verb="update"
         )
+        if fresh and self.dry_run is not None:
+            await self._record("update", resource, namespace, meta.name, data)
         self._written(resource, "update", namespace, data)
         return _decode(data, into)
 
-    @overload
     async def patch(
         self,
         resource: Resource,
@@ -497,40 +593,12 @@ class KubeClient(Transport):
         patch: Body | builtins.list[Any],
         namespace: str | None = None,
         *,
+        into: type[T] = RAW,
         type: PatchType = "merge",
         field_manager: str | None = None,
         force: bool = False,
         subresource: str | None = None,
-    ) -> bytes: ...
-
-    @overload
-    async def patch(
-        self,
-        resource: Resource,
-        name: str,
-        patch: Body | builtins.list[Any],
-        namespace: str | None = None,
-        *,
-        into: type[T],
-        type: PatchType = "merge",
-        field_manager: str | None = None,
-        force: bool = False,
-        subresource: str | None = None,
-    ) -> T: ...
-
-    async def patch(
-        self,
-        resource: Resource,
-        name: str,
-        patch: Body | builtins.list[Any],
-        namespace: str | None = None,
-        *,
-        into: type[Any] | None = None,
-        type: PatchType = "merge",
-        field_manager: str | None = None,
-        force: bool = False,
-        subresource: str | None = None,
-    ) -> Any:
+    ) -> T:
         """PATCH with a merge, strategic-merge or JSON patch, or server-side apply (``type=
         "apply"`` needs ``field_manager``; ``force`` takes over conflicting fields)."""
         return await self._patch(
@@ -543,12 +611,12 @@ class KubeClient(Transport):
         name: str,
         patch: Body | builtins.list[Any],
         namespace: str | None,
-        into: type[Any] | None,
+        into: type[T],
         type: PatchType,
         field_manager: str | None,
         force: bool,
         subresource: str | None,
-    ) -> Any:
+    ) -> T:
         if type not in _PATCH_CONTENT_TYPES:
             raise ValueError(
                 f"patch type {type!r}: must be one of {', '.join(_PATCH_CONTENT_TYPES)}"
@@ -564,17 +632,19 @@ class KubeClient(Transport):
         elif force:
             raise ValueError("force applies only to server-side apply")
         body = patch if isinstance(patch, bytes) else _encoder.encode(patch)
-        data = await self.request(
+        data, fresh = await self._write(
+            resource,
             "PATCH",
             resource.path(namespace, name, subresource),
+            body,
             params=params,
-            body=body,
             content_type=_PATCH_CONTENT_TYPES[type],
             verb="patch",
-            resource=resource.plural,
             # A JSON patch may add to a list: repeating it after a lost answer is not safe.
             idempotent=type != "json",
         )
+        if fresh and self.dry_run is not None:
+            await self._record("patch", resource, namespace, name, data)
         self._written(resource, "patch", namespace, data)
         return _decode(data, into)
 
@@ -587,8 +657,8 @@ class KubeClient(Transport):
         field_manager: str,
         force: bool = False,
         subresource: str | None = None,
-        into: type[Any] | None = None,
-    ) -> Any:
+        into: type[T] = RAW,
+    ) -> T:
         """Server-side apply of ``obj`` (it must carry apiVersion, kind and metadata.name)."""
         body = encode_body(obj)
         name = _head_decoder.decode(body).metadata.name
@@ -611,15 +681,16 @@ class KubeClient(Transport):
     ) -> bytes | None:
         """Delete an object, optionally only if its UID / resourceVersion still match (else
         `Conflict`). Returns None if it is gone, or its JSON if it still exists (finalizers)."""
-        data = await self.request(
+        data, fresh = await self._write(
+            resource,
             "DELETE",
             resource.path(namespace, name),
-            body=_delete_options(uid, resource_version, propagation_policy, grace_period_seconds),
-            content_type=_JSON,
+            _delete_options(uid, resource_version, propagation_policy, grace_period_seconds),
             verb="delete",
-            resource=resource.plural,
         )
         remaining = data if _still_exists(data) else None
+        if fresh and self.dry_run is not None:
+            await self._record("delete", resource, namespace, name, remaining)
         if self._observers:
             if remaining is None:
                 self._notify(resource, "delete", namespace, name, None)
@@ -637,15 +708,16 @@ class KubeClient(Transport):
         propagation_policy: Literal["Orphan", "Background", "Foreground"] | None = None,
     ) -> None:
         """Delete every object matching the selectors (all of them without selectors)."""
-        data = await self.request(
+        data, fresh = await self._write(
+            resource,
             "DELETE",
             resource.path(namespace),
+            _delete_options(None, None, propagation_policy, None),
             params=selector_params(label_selector, field_selector),
-            body=_delete_options(None, None, propagation_policy, None),
-            content_type=_JSON,
             verb="deletecollection",
-            resource=resource.plural,
         )
+        if fresh and self.dry_run is not None:
+            self._record_collection(resource, namespace, data)
         if not self._observers:
             return
         try:

@@ -30,6 +30,7 @@ from nodeagent.log import get_logger
 log = get_logger(__name__)
 
 _JSON = "application/json"
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
 class _Http:
@@ -43,8 +44,8 @@ class _Http:
 
 
 class Transport:
-    """Sends API requests: the base of `KubeClient`, which adds the typed verbs; see it for
-    the parameters."""
+    """Sends API requests: what a `KubeClient` sends through (it adds the typed verbs; see it
+    for the parameters)."""
 
     def __init__(
         self,
@@ -81,6 +82,9 @@ class Transport:
         self._http: _Http | None = None
         self._retired: set[_Http] = set()
         self._closed = False
+        # A dry run: every request but a read carries dryRun=All, so nothing sent through this
+        # transport can persist (the raw `request` callers' writes included).
+        self.dry_run = False
 
     def open(self) -> None:
         self._http = self._new_http()
@@ -217,6 +221,8 @@ class Transport:
         503, 504 and server timeouts.
         """
         verb = verb or method.lower()
+        if self.dry_run and method not in _READS:
+            params = {**(params or {}), "dryRun": "All"}
         # Up to half below each step: clients that failed together do not retry together.
         backoff = Backoff(*self.retry_backoff, jitter=Jitter.below(0.5), random=self.rng.random)
         reauthenticated = False
