@@ -356,10 +356,10 @@ async def test_server_forms_are_pruned_to_the_desired_specs(autojump_clock: Any)
         for i in range(10):
             plugins.send(inventory(3, memory=f"{i + 1}Gi", taints=True))
             await settle()
-        assert len(pub._server_form) == 1
+        assert len(pub._desired.server_form) == 1
         plugins.send(inventory(3))
         await settle()
-        assert pub._server_form == {}
+        assert pub._desired.server_form == {}
 
 
 async def test_a_write_stored_whole_forgets_the_server_form(autojump_clock: Any) -> None:
@@ -367,7 +367,7 @@ async def test_a_write_stored_whole_forgets_the_server_form(autojump_clock: Any)
     async with running(cluster, plugins) as pub:
         plugins.send(inventory(3, taints=True))
         await settle()
-        assert len(pub._server_form) == 1
+        assert len(pub._desired.server_form) == 1
         # The feature gate is turned on; the slice is deleted and must be created again.
         cluster.drop_taints = False
         (obj,) = slices(cluster)
@@ -377,7 +377,7 @@ async def test_a_write_stored_whole_forgets_the_server_form(autojump_clock: Any)
         assert obj["spec"]["devices"][0]["taints"] == [
             {"key": "example.com/t", "effect": "NoSchedule"}
         ]
-        assert pub._server_form == {}
+        assert pub._desired.server_form == {}
         await trio.sleep(10)
         assert [c[0] for c in cluster.writes()] == ["create", "create"]
 
