@@ -1,7 +1,8 @@
 """deploy/monitoring: the Prometheus alert rules pass `promtool check rules` and their unit tests
 (`promtool test rules`), every dashboard query is valid PromQL (promtool checks it as a recording
 rule), and every metric a panel or a rule uses is one the agent declares (its Prometheus
-registry, what /metrics serves) and README's "Metrics" table documents."""
+registry, what /metrics serves) and the docs' Metrics table (docs/operating/metrics.md)
+documents."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import prometheus_client
 import pytest
 
 from tests.support.crds import REPO_ROOT
+from tests.support.docs import documented_metrics
 
 MONITORING = REPO_ROOT / "deploy" / "monitoring"
 RULES = MONITORING / "nodeagent-alerts.yaml"
@@ -66,25 +68,6 @@ def declared_metrics() -> set[str]:
         for suffix in suffixes.get(family.type, ("",)):
             names.add(family.name + suffix)
     return {name for name in names if name.startswith("nodeagent_")}
-
-
-def documented_metrics() -> set[str]:
-    """Names in README's "## Metrics" table; `a_x_info` / `_y_info` rows name `a_y_info` too."""
-    text = (REPO_ROOT / "README.md").read_text()
-    section = text[text.index("\n## Metrics\n") :]
-    section = section[: section.index("\n## ", 1)]
-    names = set()
-    for line in section.splitlines():
-        if not line.startswith("| `nodeagent_"):
-            continue
-        first, *others = re.findall(r"`([a-z0-9_]+)`", line.split("|")[1])
-        names.add(first)
-        if others:
-            # The first alternative replaces as many trailing words of the full name as it has.
-            cut = others[0].count("_")
-            prefix = "_".join(first.split("_")[:-cut])
-            names.update(prefix + other for other in others)
-    return names
 
 
 def used_metrics() -> dict[str, set[str]]:
@@ -192,7 +175,7 @@ def test_every_metric_used_is_declared_and_documented() -> None:
         base = re.sub(r"_(bucket|sum|count)$", "", name)
         assert name in declared, f"{name} (used by {sorted(where)}) is not a metric of the agent"
         assert base in documented or name in documented, (
-            f"{name} (used by {sorted(where)}) is not in README's Metrics table"
+            f"{name} (used by {sorted(where)}) is not in docs/operating/metrics.md's table"
         )
 
 

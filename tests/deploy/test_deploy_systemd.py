@@ -1,6 +1,7 @@
 """The shipped systemd unit checked by systemd's own tools (Debian's `systemd`, >= 252 for
 `security --offline`): `systemd-analyze verify` finds nothing to say, and the exposure score of
-`systemd-analyze security --offline=yes` is no higher than the one README states."""
+`systemd-analyze security --offline=yes` is no higher than the one the docs state
+(docs/operating/systemd.md)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import sys
 from tests.support.crds import REPO_ROOT
 
 UNIT = REPO_ROOT / "deploy" / "systemd" / "nodeagent.service"
-README = REPO_ROOT / "README.md"
+SYSTEMD_PAGE = REPO_ROOT / "docs" / "operating" / "systemd.md"
 # verify checks that ExecStart's program exists: a private mount namespace gets a tmpfs over
-# /usr/local/bin with the venv's console script in it, where the README installs it; the host's
+# /usr/local/bin with the venv's console script in it, where the docs install it; the host's
 # /usr/local/bin is untouched.
 VERIFY_WITH_BINARY = """set -e
 mount -t tmpfs nodeagent-test /usr/local/bin
@@ -38,8 +39,8 @@ def _verify(unit: pathlib.Path) -> subprocess.CompletedProcess[str]:
 
 
 def documented_score() -> float:
-    match = re.search(r"exposure score[^*\n]*\*\*(\d+\.\d)\*\*", README.read_text())
-    assert match, "README states the unit's exposure score as **N.N**"
+    match = re.search(r"exposure score[^*\n]*\*\*(\d+\.\d)\*\*", SYSTEMD_PAGE.read_text())
+    assert match, "docs/operating/systemd.md states the unit's exposure score as **N.N**"
     return float(match[1])
 
 

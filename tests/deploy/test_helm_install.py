@@ -1,7 +1,7 @@
-"""README's "Install with Helm" commands, exactly as written, run with the real `helm` against the
-real kube-apiserver (a kubeconfig of the harness's admin): `helm install` creates the CRDs from the
-chart's crds/ and every object, `helm upgrade` with a values file adds the config file, and the
-DaemonSet's pods follow the config (the checksum annotation)."""
+"""The docs' "Install with Helm" commands (docs/operating/deploying.md), exactly as written, run
+with the real `helm` against the real kube-apiserver (a kubeconfig of the harness's admin): `helm
+install` creates the CRDs from the chart's crds/ and every object, `helm upgrade` with a values
+file adds the config file, and the DaemonSet's pods follow the config (the checksum annotation)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from tests.support.helm import helm_binary
 # Its own apiserver: helm refuses to adopt objects another test applied.
 apiserver = apiserver_fixture(scope="module", name="apiserver")
 
-HEADING = "### Install with Helm"
+PAGE = REPO_ROOT / "docs" / "operating" / "deploying.md"
+HEADING = "## Install with Helm"
 MY_VALUES = """\
 config:
   agent: {log_format: json}
@@ -33,9 +34,9 @@ daemonset:
 """
 
 
-def readme_commands() -> list[list[str]]:
-    """The first ```sh block after the heading, one command a line."""
-    lines = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+def documented_commands() -> list[list[str]]:
+    """The first ```sh block after the heading on the page, one command a line."""
+    lines = PAGE.read_text(encoding="utf-8").splitlines()
     start = lines.index(HEADING)
     opening = lines.index("```sh", start)
     closing = lines.index("```", opening + 1)
@@ -82,10 +83,10 @@ async def _get(
     return found
 
 
-async def test_the_readme_commands_install_and_upgrade(
+async def test_the_documented_commands_install_and_upgrade(
     apiserver: ApiServer, admin: KubeClient, tmp_path: pathlib.Path
 ) -> None:
-    install, upgrade = readme_commands()
+    install, upgrade = documented_commands()
     assert install[:3] == ["helm", "install", "nodeagent"] and upgrade[:2] == ["helm", "upgrade"]
     # The commands name the chart by its path in the repository and my-values.yaml in the
     # working directory: both are there.

@@ -1,4 +1,5 @@
-"""The README's accumulator example, copied from the README, against the real apiserver."""
+"""The accumulator example of the docs (docs/architecture/accumulator.md, once the README's),
+copied from the page, against the real apiserver."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import trio
 from nodeagent.accumulator import DeltaType
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.resource import CONFIGMAPS
-from tests.support.readme import python_block
+from tests.support.docs import code_block
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,8 @@ async def test_the_readme_accumulator_example_follows_the_cluster(
     admin_client: KubeClient,
 ) -> None:
     namespace: dict[str, Any] = {}
-    exec(python_block("## Accumulator (`nodeagent.accumulator`)"), namespace)
+    page, heading = "docs/architecture/accumulator.md", "# Accumulator (`nodeagent.accumulator`)"
+    exec(code_block(page, heading, "python"), namespace)
     seen: list[tuple[list[str], list[tuple[DeltaType, str]]]] = []
     changed = trio.Event()
 

@@ -1,5 +1,5 @@
-"""The README's plugin example, copied from the README into its own process, against a real
-standalone `nodeagent run`."""
+"""The README's plugin example ("A first plugin"), copied from the README into its own process,
+against a real standalone `nodeagent run`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_the_readme_plugin_examples_register_and_report(
     registry = tmp_path / "registry"
     agent = start_agent("--registry-dir", str(registry))
     agent.wait_ready()
-    source = python_block("### Writing a plugin") + RUN_BOTH
+    source = python_block("## A first plugin") + RUN_BOTH
     plugins = subprocess.Popen(
         [sys.executable, "-c", source, str(registry)], stderr=subprocess.PIPE, text=True
     )
