@@ -77,9 +77,20 @@ class CheckpointStore:
     With `node`, checkpoints record the node that writes them and one written by another node
     reads as FOREIGN (logged, counted): a state directory reused under another node name (a
     renamed node, a cloned disk image) hands nothing of the other node's state to this one.
+
+    `read_only` (a dry run, `agent.dry_run`): reads as usual, but nothing in the directory
+    changes: writes are skipped (logged), a corrupt file is reported but not moved aside and
+    leftover temporary files are left alone.
     """
 
-    def __init__(self, directory: Path, *, keep_corrupt: int = 3, node: str | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        keep_corrupt: int = 3,
+        node: str | None = None,
+        read_only: bool = False,
+    ) -> None:
         if keep_corrupt < 1:
             raise ConfigError("keep_corrupt", keep_corrupt, "must be >= 1")
         if node is not None:
@@ -89,6 +100,7 @@ class CheckpointStore:
                 raise ConfigError("checkpoint node", node, str(exc)) from None
         self.directory = directory
         self.node = node
+        self.read_only = read_only
         self._keep_corrupt = keep_corrupt
         self._lock = threading.Lock()
         self._swept: set[str] = set()
@@ -105,6 +117,9 @@ class CheckpointStore:
         checkpoint. On an OSError the temporary file is removed, the old checkpoint is kept,
         the failure is logged and counted, and the error is raised."""
         path = self.path(name)
+        if self.read_only:
+            log.debug("dry run: checkpoint not written", name=name, path=str(path))
+            return
         with self._lock:
             try:
                 self._sweep_once(name)
@@ -153,6 +168,9 @@ class CheckpointStore:
 
     def _quarantine(self, name: str, path: Path, reason: str) -> CheckpointRead:
         metrics.CORRUPT.labels(name).inc()
+        if self.read_only:
+            log.warning("checkpoint corrupt (dry run: left in place)", name=name, reason=reason)
+            return CheckpointRead(CheckpointState.CORRUPT, reason=reason)
         try:
             moved_to: Path | None = self._move_aside(name, path)
         except OSError as exc:
@@ -201,7 +219,7 @@ class CheckpointStore:
                 old.unlink()
 
     def _sweep_once(self, name: str) -> None:
-        if name in self._swept:
+        if name in self._swept or self.read_only:
             return
         # Only this name's: another store's write in progress in the shared directory is not a
         # leftover (its rename would fail and the checkpoint silently stay old).
