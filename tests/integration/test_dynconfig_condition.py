@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from nodeagent.dynconfig.controller import CONDITION_TYPE, Condition, condition_patch
+from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, condition_patch
 from nodeagent.kube import NODES, KubeClient, errors
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ import msgspec
 import pytest
 
 from nodeagent.checkpoint import CheckpointStore
-from nodeagent.dynconfig.controller import CHECKPOINT_NAME, Assignment, Known, State
 from nodeagent.dynconfig.overlay import config_hash
+from nodeagent.dynconfig.state import CHECKPOINT_NAME, Assignment, Known, State
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_process_resourceslices import until
 

@@ -3,7 +3,12 @@ last-known-good, each an info gauge whose labels carry the hash)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import Counter, Gauge
+
+if TYPE_CHECKING:
+    from nodeagent.dynconfig.state import Known
 
 ASSIGNED_INFO = Gauge(
     "nodeagent_config_assigned_info",
@@ -39,3 +44,11 @@ def set_info(gauge: Gauge, **labels: str) -> None:
     """Show exactly one label set (the previous hash disappears)."""
     gauge.clear()
     gauge.labels(**labels).set(1)
+
+
+def show(gauge: Gauge, known: Known | None) -> None:
+    """Show the config `known` (none: no label set at all)."""
+    if known is None:
+        gauge.clear()
+    else:
+        set_info(gauge, hash=known.hash, name=known.name)

@@ -27,6 +27,7 @@ from nodeagent import __version__
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.config.render import to_builtins
 from nodeagent.core.errors import ConfigError
+from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.log import get_logger, set_log_level
@@ -116,24 +117,25 @@ class Agent:
         self.builder = builder if config.dynconfig.enabled else None
         self.dynconfig_events = EventBuffer()
         self.controller: Controller[Config] | None = None
-        if self.builder is not None:
+        if self.builder is None:
+            self.hub = ConfigHub(config)
+        else:
+            store = CheckpointStore(
+                Path(config.agent.state_dir) / "checkpoints", node=config.agent.node_name
+            )
+            booted = boot(config.dynconfig, store, self.builder)
+            self.hub = ConfigHub(booted.config)
             self.controller = Controller(
                 config.dynconfig,
-                CheckpointStore(
-                    Path(config.agent.state_dir) / "checkpoints", node=config.agent.node_name
-                ),
+                store,
                 self.builder,
                 config_hash,
+                self.hub,
+                booted,
                 on_event=self.dynconfig_events,
+                file_hash=self.builder.file_hash,
+                on_file_rollback=lambda message: self._reloaded("rolled_back", message),
             )
-            self.controller.file_hash = self.builder.file_hash
-            self.controller.on_file_rollback = lambda message: self._reloaded(
-                "rolled_back", message
-            )
-            config = self.controller.boot().config
-        self.hub = ConfigHub(config)
-        if self.controller is not None:
-            self.controller.attach(self.hub)
         self.dynconfig_component: DynconfigComponent | None = None
         self.hub.subscribe("agent", on_applied=_apply_log_level, name="log")
         self.reloader = reloader

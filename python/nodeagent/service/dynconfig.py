@@ -25,17 +25,12 @@ from nodeagent.config.loader import Override, apply_overrides, read_config_file
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
-from nodeagent.dynconfig.controller import (
-    CONDITION_TYPE,
-    Assignment,
-    ComponentHealth,
-    Condition,
-    ConfigEvent,
-    Controller,
-    condition_patch,
-)
+from nodeagent.dynconfig.controller import Controller
+from nodeagent.dynconfig.health import ComponentHealth
 from nodeagent.dynconfig.overlay import config_hash, overlay_raw
 from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
+from nodeagent.dynconfig.state import Assignment
+from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, ConfigEvent, condition_patch
 from nodeagent.kube import CORE_EVENTS, NODES
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.errors import KubeError, NotFound

@@ -25,8 +25,9 @@ from prometheus_client import REGISTRY
 
 from nodeagent.checkpoint import CheckpointState, CheckpointStore
 from nodeagent.checkpoint import format as checkpoint_format
-from nodeagent.dynconfig.controller import CHECKPOINT_NAME, Controller, Known, State
+from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.dynconfig.state import CHECKPOINT_NAME, Known, State
 from tests.unit.dynconfig.test_controller import LOCAL, build, hasher
 from tests.unit.reporter.test_store import Channel, running, settle
 
@@ -155,14 +156,9 @@ def test_dynconfig_boots_nothing_of_another_node(tmp_path: Path) -> None:
     state = State(lkg=lkg, confirmed_at=time.time())
     CheckpointStore(tmp_path, node="node-a").write(CHECKPOINT_NAME, msgspec.json.encode(state))
     for node, interval in (("node-b", LOCAL["interval"]), ("node-a", 7)):
-        controller = Controller(
-            DynconfigSettings(), CheckpointStore(tmp_path, node=node), build, hasher
-        )
-        boot = controller.boot()
-        assert boot.config["interval"] == interval, node
+        booted = boot(DynconfigSettings(), CheckpointStore(tmp_path, node=node), build)
+        assert booted.config["interval"] == interval, node
     assert (
         "another node"
-        in Controller(DynconfigSettings(), CheckpointStore(tmp_path, node="node-b"), build, hasher)
-        .boot()
-        .reason
+        in boot(DynconfigSettings(), CheckpointStore(tmp_path, node="node-b"), build).reason
     )

@@ -17,6 +17,7 @@ import trio.testing
 
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
+from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.kube import errors
@@ -65,11 +66,10 @@ class Rig:
 async def running(tmp_path: Path, refuse: bool = False) -> AsyncIterator[Rig]:
     client = Client()
     client.refuse = refuse
-    controller = Controller(
-        DynconfigSettings(), CheckpointStore(tmp_path / "checkpoints"), build, hasher
-    )
-    hub = FakeHub(controller.boot().config)
-    controller.attach(hub)
+    settings, store = DynconfigSettings(), CheckpointStore(tmp_path / "checkpoints")
+    booted = boot(settings, store, build)
+    hub = FakeHub(booted.config)
+    controller = Controller(settings, store, build, hasher, hub, booted)
     component = DynconfigComponent(
         node_name=NODE,
         controller=controller,

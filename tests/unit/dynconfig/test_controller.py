@@ -18,16 +18,12 @@ import trio.testing
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig import metrics
-from nodeagent.dynconfig.controller import (
-    CHECKPOINT_NAME,
-    LOCAL_HASH,
-    Assignment,
-    ConfigEvent,
-    Controller,
-    HealthTracker,
-    condition_patch,
-)
+from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.controller import Controller
+from nodeagent.dynconfig.health import HealthTracker
 from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.dynconfig.state import CHECKPOINT_NAME, LOCAL_HASH, Assignment
+from nodeagent.dynconfig.status import ConfigEvent, condition_patch
 
 LOCAL = {"log_level": "info", "interval": 5}
 
@@ -96,12 +92,12 @@ def make(tmp_path: Path, wall: Wall | None = None, **settings: Any) -> Rig:
     wall = wall or Wall()
     events: list[ConfigEvent] = []
     store = CheckpointStore(tmp_path / "checkpoints")
+    dynconfig = DynconfigSettings(**settings)
+    booted = boot(dynconfig, store, build, wall=wall)
+    hub = FakeHub(booted.config)
     controller = Controller(
-        DynconfigSettings(**settings), store, build, hasher, on_event=events.append, wall=wall
+        dynconfig, store, build, hasher, hub, booted, on_event=events.append, wall=wall
     )
-    boot = controller.boot()
-    hub = FakeHub(boot.config)
-    controller.attach(hub)
     return Rig(controller, hub, events, wall, store)
 
 
@@ -366,7 +362,7 @@ async def test_no_target_goes_back_to_local_and_tie_keeps(
 
 def test_condition_patch_is_a_conditions_merge() -> None:
     controller_condition = (True, "Active", "NodeAgentConfig fleet (hash abc) active")
-    from nodeagent.dynconfig.controller import Condition
+    from nodeagent.dynconfig.status import Condition
 
     patch = condition_patch(Condition(*controller_condition), 0.0)
     (cond,) = patch["status"]["conditions"]

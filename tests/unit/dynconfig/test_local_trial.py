@@ -13,9 +13,12 @@ import trio.testing
 
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.dynconfig import metrics
-from nodeagent.dynconfig.controller import LOCAL_HASH, ConfigEvent, Controller
+from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.dynconfig.state import LOCAL_HASH
+from nodeagent.dynconfig.status import ConfigEvent
 from nodeagent.service.config import Config
 from nodeagent.service.dynconfig import ConfigBuilder
 from nodeagent.service.hub import ConfigHub
@@ -36,18 +39,23 @@ class Rig:
         self.file = ConfigBuilder(str(self.path))
         self.events: list[ConfigEvent] = []
         self.rollbacks: list[str] = []
+        dynconfig = DynconfigSettings(**settings)
+        store = CheckpointStore(tmp_path / "checkpoints")
+        wall = wall or Wall()
+        booted = boot(dynconfig, store, self.file, wall=wall)
+        self.hub = ConfigHub(booted.config)
         self.controller: Controller[Config] = Controller(
-            DynconfigSettings(**settings),
-            CheckpointStore(tmp_path / "checkpoints"),
+            dynconfig,
+            store,
             self.file,
             config_hash,
+            self.hub,
+            booted,
             on_event=self.events.append,
-            wall=wall or Wall(),
+            wall=wall,
+            file_hash=self.file.file_hash,
+            on_file_rollback=self.rollbacks.append,
         )
-        self.controller.file_hash = self.file.file_hash
-        self.controller.on_file_rollback = self.rollbacks.append
-        self.hub = ConfigHub(self.controller.boot().config)
-        self.controller.attach(self.hub)
 
     def reload(self, text: str) -> tuple[str, str]:
         self.path.write_text(text)

@@ -37,8 +37,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
-from nodeagent.dynconfig.controller import LOCAL_HASH, Controller
+from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.dynconfig.state import LOCAL_HASH
 from nodeagent.kube.watch import WatchSink
 from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
 from tests.support.nodeagentconfig import NAC
@@ -168,11 +170,12 @@ class Agent:
 
     def __init__(self, loop: Loop, directory: Path, wall: Wall, ready: list[bool]) -> None:
         self.client = Client()
+        store = CheckpointStore(directory)
+        booted = boot(SETTINGS, store, build, wall=wall)
+        self.hub = FakeHub(booted.config)
         self.controller: Controller[dict[str, Any]] = Controller(
-            SETTINGS, CheckpointStore(directory), build, hasher, wall=wall
+            SETTINGS, store, build, hasher, self.hub, booted, wall=wall
         )
-        self.hub = FakeHub(self.controller.boot().config)
-        self.controller.attach(self.hub)
         self.component = DynconfigComponent(
             node_name=NODE,
             controller=self.controller,

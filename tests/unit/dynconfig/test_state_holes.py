@@ -20,7 +20,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from nodeagent.dynconfig.controller import LOCAL_HASH, Known
+from nodeagent.dynconfig.state import LOCAL_HASH, Known
 from tests.support.nodeagentconfig import NAC
 from tests.unit.accumulator.helpers import page
 from tests.unit.accumulator.test_accumulator import synced
