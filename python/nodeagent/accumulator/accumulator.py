@@ -32,7 +32,7 @@ from nodeagent.accumulator.notifier import Notifier
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.accumulator.sink import StoreSink
 from nodeagent.accumulator.view import QueryView
-from nodeagent.core.backoff import Backoff
+from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors as kube_errors
 from nodeagent.kube.client import KubeClient, WriteEvent
 from nodeagent.kube.resource import Resource
@@ -41,6 +41,10 @@ from nodeagent.log import get_logger
 
 log = get_logger(__name__)
 
+
+# First retry of a Forbidden relist of a query known before (then doubling, jittered, up to
+# accumulator.forbidden_retry).
+FORBIDDEN_RELIST_RETRY = 1.0
 
 Watch = Callable[[WatchRequest, WatchSink], Awaitable[NoReturn]]
 """Lists then watches one request into a sink until cancelled: `nodeagent.kube.run_watch`
@@ -121,10 +125,12 @@ class Accumulator:
     bytes of the query's list and watch (`run_watch`, or the injected ``watch``), and one
     `Notifier` for all queries. `run()` starts, in one nursery, the watch of every query
     (kind discovery first, retried with backoff; a Forbidden list is served as empty or, with
-    `forbidden_fatal`, ends the run), the notifier and the sweep that drops own writes the
-    watch never confirmed; while it runs, writes made through the client are shown at once
-    (read-your-writes). The consumer awaits `changed()` and calls `update()`, which decodes
-    only what changed since its last call; nothing is shown before every query has listed.
+    `forbidden_fatal`, ends the run; a Forbidden relist of a query known before is retried
+    first, keeping the last state, for up to `unknown_bound`), the notifier and the sweep
+    that drops own writes the watch never confirmed; while it runs, writes made through the
+    client are shown at once (read-your-writes). The consumer awaits `changed()` and calls
+    `update()`, which decodes only what changed since its last call; nothing is shown before
+    every query has listed.
     """
 
     def __init__(
@@ -302,10 +308,38 @@ class Accumulator:
         q = f.query
         namespace = q.namespace if resource.namespaced else None
         request = WatchRequest(resource, namespace, q.label_selector, q.field_selector)
+        # Retries of a Forbidden relist of a query known before, jittered: the fleet's agents
+        # all relist when a restarted apiserver is back, and must not retry in step.
+        transient = Backoff(
+            FORBIDDEN_RELIST_RETRY,
+            max(FORBIDDEN_RELIST_RETRY, self.settings.forbidden_retry),
+            jitter=Jitter.below(0.5),
+        )
         while True:
             try:
                 await self._watch_one(request, f.sink)
             except kube_errors.Forbidden as exc:
+                if f.sink.unknown_since is None:
+                    transient.reset()  # known until now: a new streak
+                if self._forbidden_may_pass(f):
+                    # Known before: most likely an apiserver just (re)started, whose authorizer
+                    # refuses until its caches are synced (issue 24 s5: served as empty, 39 of
+                    # 100 agents went not ready and waited forbidden_retry). The last good
+                    # state is kept (not known: nothing acts on absences) and the list retried
+                    # soon; RBAC really revoked is served as empty once the query has not been
+                    # known for unknown_bound.
+                    delay = transient.next()
+                    f.sink.events_missing("forbidden")
+                    f.sink.list_failed(exc, delay)
+                    log.warning(
+                        "relist forbidden: keeping the last state, retrying",
+                        query=q.name,
+                        resource=resource.plural,
+                        error=str(exc),
+                        retry_in=delay,
+                    )
+                    await trio.sleep(delay)
+                    continue
                 log.error(
                     "query list forbidden: served as empty",
                     query=q.name,
@@ -320,6 +354,15 @@ class Accumulator:
                 # Forbidden stays the query's state until a list succeeds again.
                 f.sink.serve_forbidden(exc.message or str(exc))
                 await trio.sleep(self.settings.forbidden_retry)
+
+    def _forbidden_may_pass(self, f: _Field) -> bool:
+        """A Forbidden list of ``f`` is taken for transient: the query was listed (not served
+        as Forbidden) and has not been unknown for longer than `unknown_bound`."""
+        sink = f.sink
+        if not sink.synced or sink.forbidden is not None:
+            return False
+        since = sink.unknown_since
+        return since is None or trio.current_time() - since <= self.settings.unknown_bound
 
     async def _expire_loop(self) -> None:
         period = self.settings.local_write_ttl / 4

@@ -23,7 +23,10 @@ class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     thread_threshold: int = 65536
     # Seconds a query may stay not known after it was known (relisting after a 410, its relist
     # failing) before the component it serves turns not ready: a watch that cannot be kept.
-    # Longer than a brief control-plane restart. A Forbidden list is reported at once.
+    # Longer than a brief control-plane restart. A Forbidden first list is reported at once; a
+    # Forbidden relist of a query known before (a restarted apiserver's authorizer warming up)
+    # keeps the last state and is retried (1 s, doubling, jittered, up to forbidden_retry)
+    # until this bound, then served as empty.
     unknown_bound: float = 120.0
 
     def validate(self) -> None:

@@ -792,7 +792,20 @@ async def test_forbidden_after_a_good_list_serves_empty(
         assert len(snap.cms) == 3
         client.revoke("configmaps")  # RBAC revoked; the relist is Forbidden
         revoked_at = trio.current_time()
-        await acc.changed()
+        # Issue 24 s5: at first taken for an apiserver that has just restarted (its authorizer
+        # refuses until its caches sync): the last state is kept, not known, retried soon.
+        await trio.sleep(10)
+        st = acc.status("cms")
+        assert st.state is QueryState.RELISTING and not st.known
+        assert st.reason is not None and "403 Forbidden" in st.reason, st.reason
+        assert acc.unready_reason() is None
+        assert not acc.update(snap) and len(snap.cms) == 3
+        # Refused for longer than accumulator.unknown_bound (120 s): served as empty, at the
+        # first retry past it (retries double up to forbidden_retry, 100 s here).
+        await trio.sleep(105)
+        assert acc.status("cms").state is QueryState.RELISTING
+        await trio.sleep(120 + 100 - 105)
+        assert acc.status("cms").state is QueryState.FORBIDDEN
         deltas: list[Delta[Any]] = []
         assert acc.update(snap, deltas)
         assert len(snap.cms) == 0
@@ -803,8 +816,8 @@ async def test_forbidden_after_a_good_list_serves_empty(
         ]
         st = acc.status("cms")
         assert st.state is QueryState.FORBIDDEN and not st.known
-        assert st.reason == "list forbidden: cannot list configmaps any more"
-        assert acc.not_ready_reason() == "cms: list forbidden: cannot list configmaps any more"
+        assert st.reason == "list forbidden: cannot list configmaps"
+        assert acc.not_ready_reason() == "cms: list forbidden: cannot list configmaps"
         assert metric("nodeagent_accumulator_forbidden", query="cms") == 1
         # Writes seen meanwhile do not make it look known again.
         client.write(write("create", obj("c", 4), "c"))
@@ -812,7 +825,7 @@ async def test_forbidden_after_a_good_list_serves_empty(
         # Access restored: the next attempt (after forbidden_retry) lists for real.
         client.forbidden.discard("configmaps")
         cm = await client.sink("configmaps")
-        assert trio.current_time() - revoked_at == pytest.approx(100)
+        assert 100 < trio.current_time() - revoked_at <= 120 + 100 + 100
         await synced(cm, obj("a", 1), obj("c", 4), rv=5)
         await acc.changed()
         assert acc.update(snap, deltas)

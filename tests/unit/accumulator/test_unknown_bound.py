@@ -11,7 +11,7 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.accumulator import Accumulator, AccumulatorSettings, Query
+from nodeagent.accumulator import Accumulator, AccumulatorSettings, Query, QueryState
 from nodeagent.core.errors import ConfigError
 from nodeagent.kube import errors
 from nodeagent.kube.resource import CONFIGMAPS
@@ -65,16 +65,56 @@ async def test_relisting_is_a_problem_only_past_the_bound(
         n.cancel_scope.cancel()
 
 
-async def test_forbidden_is_a_problem_at_once(autojump_clock: trio.testing.MockClock) -> None:
+async def test_a_forbidden_first_list_is_a_problem_at_once(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     client = FakeClient()
+    client.forbidden.add("configmaps")
     acc = Accumulator(client, [QUERY], AccumulatorSettings(), watch=client.run_watch)
+    async with trio.open_nursery() as n:
+        await n.start(acc.run)
+        await trio.testing.wait_all_tasks_blocked()
+        reason = acc.unready_reason()
+        assert reason is not None and reason.startswith("cms: list forbidden"), reason
+        n.cancel_scope.cancel()
+
+
+async def test_a_forbidden_relist_is_a_problem_past_the_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 24 s5: a restarted apiserver refuses lists until its authorizer's caches are
+    # synced; a query known before keeps its state and is retried soon, jittered, and is
+    # served as Forbidden (empty) only once it has not been known for unknown_bound.
+    client = FakeClient()
+    acc = Accumulator(
+        client, [QUERY], AccumulatorSettings(unknown_bound=30), watch=client.run_watch
+    )
     async with trio.open_nursery() as n:
         await n.start(acc.run)
         sink = await client.sink("configmaps")
         await sink.begin_list()
         await sink.end_list("1")
         client.revoke("configmaps")
-        await trio.testing.wait_all_tasks_blocked()
+        await trio.sleep(29)
+        assert acc.unready_reason() is None
+        assert acc.status("cms").state is QueryState.RELISTING
+        await trio.sleep(2)
+        # Past the bound: named (as not known, or as Forbidden if a retry came since).
+        reason = acc.unready_reason()
+        assert reason is not None, reason
+        assert "not known for 31s, bound 30s" in reason or "list forbidden" in reason, reason
+        # The authorizer is back before the bound runs out at the next retry: known again.
+        client.forbidden.clear()
+        sink = await client.sink("configmaps")
+        await sink.begin_list()
+        await sink.end_list("2")
+        assert acc.unready_reason() is None and acc.status("cms").known
+        # Refused again, for good this time: served as empty past the bound.
+        client.revoke("configmaps")
+        # The bound, then at most one retry delay (doubling from 1 s, jittered: <= 64 s).
+        await trio.sleep(30 + 64)
+        st = acc.status("cms")
+        assert st.state is QueryState.FORBIDDEN, st
         reason = acc.unready_reason()
         assert reason is not None and reason.startswith("cms: list forbidden"), reason
         n.cancel_scope.cancel()
