@@ -11,7 +11,7 @@ wheels, loaded into podman from its OCI archive and run against the real kube-ap
 
 podman runs with runc (crun refuses this machine's hybrid cgroup v1/v2 hierarchy) and with
 ulimits no higher than the current ones (the sandbox has no CAP_SYS_RESOURCE, so podman's
-default of 1048576 open files cannot be set): see README "Container image"."""
+default of 1048576 open files cannot be set): see docs/operating/container-image.md."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ trio.run(main, *sys.argv[1:])
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
 CNR_PATH = f"/apis/node.katalyst.kubewharf.io/v1alpha1/customnoderesources/{NODE}"
 NAC_NODE_ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
-# No NodeAgentConfig targets the node: the documented condition (README, Dynamic configuration),
+# No NodeAgentConfig targets the node: the documented condition (docs: Dynamic configuration),
 # once the objects are read (at boot it says "running the local config: no checkpoint").
 CONDITION = ("NodeAgentConfigOK", "True", "Local", "no NodeAgentConfig targets the node")
 

@@ -25,8 +25,8 @@ from tests.faults.env import DRIVER, NODE, FaultEnv, inventory, until
 from tests.support.faultproxy import FaultProxy
 
 # How long the cluster may stay wrong after a fault clears, and the writes a scenario may add
-# beyond the ones its change needs (retries of writes the fault broke). README: "Reliability
-# under faults" explains each figure.
+# beyond the ones its change needs (retries of writes the fault broke). docs/testing/faults.md
+# explains each figure.
 DEFAULT_BOUND = 30.0
 QUIET = 3.0  # seconds watched after recovery: any write then is a storm
 # Writes every agent start makes: the NodeAgentConfigOK condition at boot ("running the local

@@ -214,7 +214,7 @@ def devices(draw: st.DrawFn, i: int) -> Device:
 @st.composite
 def pools(draw: st.DrawFn) -> Pool:
     devs = [draw(devices(i)) for i in range(draw(st.integers(1, 3)))]
-    # Deliberately stricter than the server (README): a partition type in a pool without
+    # Deliberately stricter than the server (docs): a partition type in a pool without
     # counter-consuming devices is refused, where the server never sees it; not generated.
     partition_type = None
     if any(d.consumes_counters for d in devs):

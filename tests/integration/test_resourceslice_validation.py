@@ -6,7 +6,7 @@ pool's slices, laid out as the publisher lays them out, on kube-apiservers with 
 gates on: the newest release (every DRA gate) and 1.35 (an invalid inventory is sent as is,
 uncanonicalised).
 
-Not generated, as the agent is deliberately stricter there (README): consumption of a counter set
+Not generated, as the agent is deliberately stricter there (docs): consumption of a counter set
 or counter the pool does not publish, qualified names with two slashes, quantities the agent
 refuses as out of range."""
 

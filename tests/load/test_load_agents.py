@@ -4,8 +4,8 @@ crash-restart of the apiserver, checking that the accounting works: the audit lo
 count per agent matches what each agent counted itself, the watches it says are open match the
 apiserver's gauge and the agents' TCP connections, the relists it finds after the restart match
 the agents' own list counter, and every agent re-opened its watches. The full measurement is
-`python -m tests.load.agents --agents 100 --restart` (README, "Load: many agents against one
-apiserver")."""
+`python -m tests.load.agents --agents 100 --restart` (docs/testing/load.md; the figures:
+docs/performance/index.md)."""
 
 from __future__ import annotations
 

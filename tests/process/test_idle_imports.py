@@ -4,7 +4,7 @@ grpclib (with h2, hpack, multidict), asyncio and the plugin-only generated proto
 imported on the first plugin registration or first use (`nodeagent.rpc` starts its asyncio loop
 on the first call); protobuf itself only for a plugin's message (the in-tree system reporter,
 on by default, builds and checkpoints its report without it, and a restart restores it without
-it). That is what keeps the idle footprint down (README "Performance": idle RSS).
+it). That is what keeps the idle footprint down (docs/performance/index.md: idle RSS).
 
 The agent runs as a real subprocess (standalone, READY=1 on a test notify socket, then SIGTERM);
 a wrapper around the `nodeagent` entry point writes `sys.modules` at exit, so whatever start-up,

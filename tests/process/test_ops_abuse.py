@@ -16,7 +16,7 @@ import trio
 from tests.process.conftest import AgentProcess, StartAgent
 
 # Each probe must be answered within this (a kubelet probe's default timeout is 1 s; this machine
-# is shared, so the bound has headroom). The measured maximum is printed for the README.
+# is shared, so the bound has headroom). The measured maximum is printed for the docs.
 PROBE_BOUND = 2.0
 
 

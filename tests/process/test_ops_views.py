@@ -1,5 +1,5 @@
 """The ops views of a real agent with a real reporter plugin (the SDK, in its own process, over
-its unix socket): what the README promises, not protobuf's base64."""
+its unix socket): what the docs promise, not protobuf's base64."""
 
 from __future__ import annotations
 

@@ -12,9 +12,9 @@ What is asserted:
 - its slices are never written by the agent: same resourceVersion across the agent's syncs, an
   agent restart and the driver's own updates, no `managed-by` label, only the helper in their
   managed fields; and the agent's own pool of the same name (another driver) is not refused;
-- a driver killed outright is deregistered, and its slices stay (the decision in the README,
-  "Plugins"): at the moment the agent deletes the killed native plugin's slices after the
-  disconnect grace, the driver's are untouched; a restarted driver finds them and writes
+- a driver killed outright is deregistered, and its slices stay (the decision in
+  docs/plugins/index.md): at the moment the agent deletes the killed native plugin's slices
+  after the disconnect grace, the driver's are untouched; a restarted driver finds them and writes
   nothing.
 """
 

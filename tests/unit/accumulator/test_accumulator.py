@@ -607,7 +607,7 @@ async def test_update_requires_fields(autojump_clock: trio.testing.MockClock) ->
 async def test_update_fills_fields_that_are_only_annotated(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    # The README's example view: one bare annotation per query.
+    # The docs' example view (docs/architecture/accumulator.md): one bare annotation per query.
     async with running() as (acc, client):
         await bootstrap(client, obj("a", 1))
 

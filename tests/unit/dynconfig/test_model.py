@@ -5,7 +5,7 @@ made undecodable and deleted, relists of either query starting and ending (chang
 relisting query arrive when its relist ends), trials judged unhealthy or surviving, clean
 restarts (SIGTERM), crash restarts (kill -9) and the checkpoint grace running out while the
 agent is down, and compares it after every step with a small reference model of what the
-README promises.
+docs promise (docs/architecture/dynamic-config.md).
 
 The component runs in a Trio loop of its own thread, on a mock clock that only moves when a rule
 moves it (`settle` lets every task run to a wait, moving the clock in small steps so that
@@ -109,7 +109,7 @@ class Obj:
 
 @dataclass
 class Model:
-    """What the README promises, kept by hand."""
+    """What the docs promise, kept by hand."""
 
     active: str = LOCAL_HASH
     lkg: str | None = None
