@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from nodeagent import __version__
 from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, parse_set
@@ -69,7 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     flags = _config_flags()
-    sub.add_parser("run", parents=[flags], help="run the agent in the foreground")
+    run = sub.add_parser("run", parents=[flags], help="run the agent in the foreground")
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        default=None,
+        help="send every write with dryRun=All and persist nothing; `nodeagent status` shows "
+        "the writes the agent would have made (same as agent.dry_run = true)",
+    )
     check = sub.add_parser(
         "check-config",
         parents=[flags],
@@ -95,6 +103,8 @@ def overrides_from_args(args: argparse.Namespace) -> list[Override]:
         for dest, (key, _) in _FLAG_KEYS.items()
         if getattr(args, dest, None) is not None
     ]
+    if getattr(args, "dry_run", None):
+        out.append(Override("agent.dry_run", True, "--dry-run"))
     return out + [parse_set(text) for text in args.sets]
 
 
@@ -222,14 +232,52 @@ def cmd_status(args: argparse.Namespace) -> int:
     except status.Unreachable as exc:
         _error(f"cannot reach the agent's ops endpoint: {exc}")
         return status.EXIT_UNREACHABLE
+    try:
+        writes = status.fetch(address, "/v1/writes", args.timeout)
+    except status.Unreachable:
+        writes = None  # an agent from before the dry run: it writes for real
     # What plugins sent (names, errors) is shown escaped: JSON escapes controls itself but for
     # DEL; the table escapes every cell and, here, everything else but its own line breaks.
     if args.json:
-        text = json.dumps({"status": doc, "plugins": plugins}, indent=2) + "\n"
+        views = {"status": doc, "plugins": plugins}
+        if writes is not None:
+            views["writes"] = writes
+        text = json.dumps(views, indent=2) + "\n"
         _output(text.replace("\x7f", "\\u007f"))
     else:
-        _output(escape_control(status.render(doc, plugins), keep="\n"))
+        _output(escape_control(status.render(doc, plugins) + render_writes(writes), keep="\n"))
     return status.exit_code(doc)
+
+
+def render_writes(view: Any) -> str:
+    """The dry run's section of `nodeagent status` ("" for an agent that writes for real):
+    each would-be write with the paths its diff changes (+ added, - removed, ~ replaced);
+    the whole diffs are in ``--json`` and /v1/writes."""
+    if not isinstance(view, dict) or not view.get("dry_run"):
+        return ""
+    from nodeagent.service.status import table
+
+    writes = [w for w in view.get("writes") or [] if isinstance(w, dict)]
+    head = (
+        f"\nDRY RUN: nothing is written. {view.get('total', 0)} writes the agent would have "
+        f"made ({view.get('older', 0)} older not kept, {view.get('repeated', 0)} repeats "
+        "answered from memory); diffs: --json or /v1/writes\n"
+    )
+    if not writes:
+        return head
+    marks = {"add": "+", "remove": "-", "replace": "~"}
+    rows = []
+    for w in writes:
+        obj = w.get("object") or {}
+        where = "/".join(p for p in (obj.get("namespace"), obj.get("name")) if p)
+        ops = [op for op in w.get("diff") or [] if isinstance(op, dict)]
+        changes = " ".join(
+            f"{marks.get(str(op.get('op')), '?')}{op.get('path') or '/'}" for op in ops
+        )
+        if w.get("diff_omitted"):
+            changes += f" (+{w['diff_omitted']} more)"
+        rows.append([w.get("time"), w.get("verb"), obj.get("kind"), where, changes])
+    return head + "\n" + table(["TIME", "VERB", "KIND", "OBJECT", "CHANGES"], rows) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 import prometheus_client
 import trio
 
+from nodeagent.kube.dryrun import DryRun, not_dry_run_view
 from nodeagent.log import get_logger
 from nodeagent.service.component import FatalError
 from nodeagent.service.http import (
@@ -132,9 +133,13 @@ class OpsServer:
     affects the agent; nothing escapes a connection's task.
     """
 
-    def __init__(self, settings: OpsSettings, view: AgentView) -> None:
+    def __init__(
+        self, settings: OpsSettings, view: AgentView, *, dry_run: DryRun | None = None
+    ) -> None:
         self.settings = settings
         self.view = view
+        # /v1/writes: what a dry-run agent would have written (agent.dry_run).
+        self.dry_run = dry_run
         self.limits = HeadLimits(
             max_bytes=settings.max_header_bytes,
             head_timeout=settings.head_timeout,
@@ -150,6 +155,9 @@ class OpsServer:
             "/v1/resourceslices": lambda _: _json(200, self.view.resourceslices()),
             "/v1/cnr": lambda _: _json(200, self.view.cnr()),
             "/v1/config": lambda _: _json(200, self.view.effective_config()),
+            "/v1/writes": lambda _: _json(
+                200, self.dry_run.view() if self.dry_run is not None else not_dry_run_view()
+            ),
         }
         # What a kubelet probe and a Prometheus scraper need, and no more: /readyz there names
         # the components but not the reasons (error messages are for the node).

@@ -42,6 +42,10 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Seconds the apiserver may stay unreachable, once connected, before `kube` turns not ready
     # (longer than a brief control-plane restart, which must not flip readiness).
     apiserver_unreachable_bound: float = 120.0
+    # Run as usual but send every write with dryRun=All and persist nothing (no checkpoint
+    # either): /v1/writes and `nodeagent status` show what the agent would have written.
+    # Static: a change takes a restart (`nodeagent run --dry-run` sets it).
+    dry_run: bool = False
 
     def validate(self) -> None:
         # The rule the kubelet applies to --hostname-override.
