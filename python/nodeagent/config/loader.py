@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.rules import constraint_rule
 
 DEFAULT_CONFIG_PATH = "/etc/nodeagent/config.toml"
 ROOT_STATE_DIR = "/var/lib/nodeagent"
@@ -174,6 +175,8 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[Override]) -> dict[
     return out
 
 
+# msgspec's message for a value outside a `msgspec.Meta` range: "Expected `float` >= 0.0".
+_OUT_OF_RANGE = re.compile(r"Expected `\w+` [<>]=? ")
 _PATH_PART = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
@@ -241,6 +244,11 @@ def translate_validation_error(
         choices = _literal_choices(root, parts)
         if choices:
             rule += " (allowed: " + ", ".join(choices) + ")"
+    elif _OUT_OF_RANGE.match(rule):
+        # A typed constraint (core.rules): its own rule text, as validate() words it.
+        owner = _struct_at(root, parts[:-1])
+        named = constraint_rule(owner, str(parts[-1])) if owner is not None and parts else None
+        rule = named or rule
     rule = rule.replace("`", "")
     rule = rule[:1].lower() + rule[1:]
     return ConfigError(_dotted(parts) or "(document)", _lookup(raw, parts), rule)

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import check_seconds
+from nodeagent.core.rules import check_constraints, check_seconds, finite
 from nodeagent.kube.client import KubeClient, WatchOptions
 from nodeagent.kube.kubeconfig import (
     SERVICE_ACCOUNT_DIR,
@@ -30,12 +29,12 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # "auto": use the pod's service account when no kubeconfig is given and we run in a pod.
     in_cluster: Literal["auto", "never", "always"] = "auto"
     # Client-side token bucket shared by every request, watch reconnect and list.
-    qps: float = 20.0
+    qps: Annotated[float, finite(ge=0.01)] = 20.0
     burst: int = 40
     # Deadline of one unary request attempt, in seconds.
     request_timeout: float = 30.0
     # A watch that receives nothing (not even a bookmark) for this long is reconnected.
-    watch_inactivity_timeout: float = 70.0
+    watch_inactivity_timeout: Annotated[float, finite(ge=5, rule="must be >= 5")] = 70.0
     # Attempts of a unary request (retries of retryable failures included).
     max_attempts: int = 5
     # How watches (re)list: "auto" streams the list (a watch with sendInitialEvents, the
@@ -52,19 +51,13 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             raise ConfigError(
                 "kube.in_cluster", self.in_cluster, "cannot be 'always' with a kubeconfig"
             )
-        # A rate: inf would be no limit at all, 1e-9 one request in 30 years.
-        if not (math.isfinite(self.qps) and self.qps >= 0.01):
-            raise ConfigError("kube.qps", self.qps, "must be a finite number >= 0.01")
+        # qps: a rate: inf would be no limit at all, 1e-9 one request in 30 years.
+        # watch_inactivity_timeout: bookmarks come about every 60 s, a shorter timeout would
+        # cut healthy idle watches.
+        check_constraints(self, "kube")
         if self.burst < 1:
             raise ConfigError("kube.burst", self.burst, "must be >= 1")
         check_seconds("kube.request_timeout", self.request_timeout)
-        # Bookmarks come about every 60 s: a shorter timeout would cut healthy idle watches.
-        if not (
-            math.isfinite(self.watch_inactivity_timeout) and self.watch_inactivity_timeout >= 5
-        ):
-            raise ConfigError(
-                "kube.watch_inactivity_timeout", self.watch_inactivity_timeout, "must be >= 5"
-            )
         if self.max_attempts < 1:
             raise ConfigError("kube.max_attempts", self.max_attempts, "must be >= 1")
 

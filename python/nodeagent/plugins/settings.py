@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 import os
 
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import check_seconds, check_uid
+from nodeagent.core.rules import NonNegative, check_constraints, check_seconds, check_uid
 
 __all__ = ["KUBELET_PLUGINS_DIR", "PluginSettings"]
 
@@ -53,7 +52,7 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stream_healthy_after: float = 30.0
     # A plugin's messages are taken at most once per this many seconds, the newest winning (a
     # flooding plugin's stale messages are skipped). 0: as fast as they can be processed.
-    stream_min_interval: float = 0.1
+    stream_min_interval: NonNegative = 0.1
     # Seconds a deregistered plugin's last data is kept (marked registered=False) before it is
     # forgotten (Katalyst's 5 min endpoint grace).
     deregistered_data_grace: float = 300.0
@@ -102,12 +101,7 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             "report_poll_timeout",
         ):
             check_seconds(f"plugins.{name}", getattr(self, name))
-        if not math.isfinite(self.stream_min_interval) or self.stream_min_interval < 0:
-            raise ConfigError(
-                "plugins.stream_min_interval",
-                self.stream_min_interval,
-                "must be a finite number >= 0",
-            )
+        check_constraints(self, "plugins")
         if self.probe_failures < 1:
             raise ConfigError("plugins.probe_failures", self.probe_failures, "must be >= 1")
         if not 1024 <= self.max_message_bytes <= _MAX_GRPC_MESSAGE:

@@ -6,13 +6,11 @@ configured in ``[plugins]`` (`report_poll_interval`, `report_poll_timeout`).
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.k8s import is_label_key, is_label_value
-from nodeagent.core.rules import check_seconds
+from nodeagent.core.rules import NonNegative, check_constraints, check_seconds
 
 __all__ = ["ReporterSettings"]
 
@@ -23,7 +21,7 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     sync_interval: float = 5.0
     # Seconds a plugin that deregistered, whose stream ended (and whose polls fail), or that was
     # restored from the checkpoint keeps its report before it is dropped (Katalyst: 5 min).
-    grace: float = 300.0
+    grace: NonNegative = 300.0
     # The in-tree system reporter (node resource properties and the Socket -> Numa topology from
     # /proc and /sys), as Katalyst's system-reporter-plugin.
     system_reporter: bool = True
@@ -36,7 +34,7 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     cnr_default_labels: dict[str, str] = msgspec.field(default_factory=dict)
     # Seconds between two CNR writes at least: reports arriving meanwhile are merged into the
     # next write (a flapping plugin costs one write per interval, the latest merge wins).
-    cnr_min_write_interval: float = 1.0
+    cnr_min_write_interval: NonNegative = 1.0
     # Backoff of a failed CNR write: first retry after this many seconds, doubling up to
     # cnr_retry_max (up to half shorter, jittered).
     cnr_retry_initial: float = 1.0
@@ -48,14 +46,7 @@ class ReporterSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
         check_seconds("reporter.sync_interval", self.sync_interval)
-        if not math.isfinite(self.grace) or self.grace < 0:
-            raise ConfigError("reporter.grace", self.grace, "must be a finite number >= 0")
-        if not math.isfinite(self.cnr_min_write_interval) or self.cnr_min_write_interval < 0:
-            raise ConfigError(
-                "reporter.cnr_min_write_interval",
-                self.cnr_min_write_interval,
-                "must be a finite number >= 0",
-            )
+        check_constraints(self, "reporter")
         for name in ("cnr_retry_initial", "cnr_retry_max", "cnr_failure_bound"):
             check_seconds(f"reporter.{name}", getattr(self, name))
         if self.cnr_retry_max < self.cnr_retry_initial:

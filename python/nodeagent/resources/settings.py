@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import check_seconds
+from nodeagent.core.rules import NonNegative, check_constraints, check_seconds
 
 __all__ = ["ResourcesSettings"]
 
@@ -15,17 +13,17 @@ __all__ = ["ResourcesSettings"]
 class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Seconds a disconnected plugin's slices stay published before they are deleted (the
     # kubelet wipes after 30 s as well), so a plugin restart does not churn the pool.
-    disconnect_grace: float = 30.0
+    disconnect_grace: NonNegative = 30.0
     # Seconds after start-up before slices of plugins that have not re-registered are deleted;
     # nothing is deleted up front, so a restart with unchanged plugins makes no writes.
-    startup_grace: float = 30.0
+    startup_grace: NonNegative = 30.0
     # Per-pool retry backoff after a failed sync: initial delay doubling up to the cap
     # (upstream workqueue: 5 ms .. 1000 s).
     retry_backoff_initial: float = 0.005
     retry_backoff_max: float = 1000.0
     # Seconds between two syncs of one pool: an isolated change is written at once, a storm of
     # changes (a flapping plugin) at most once per interval, the latest inventory winning.
-    min_sync_interval: float = 0.1
+    min_sync_interval: NonNegative = 0.1
     # Plugin messages of at least this many bytes (together, per update) are converted and
     # split into slices in a worker thread, so the event loop stays responsive; 0: never.
     thread_threshold: int = 65536
@@ -40,10 +38,7 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
 
     def validate(self) -> None:
         """Raise ConfigError naming the first field that breaks a rule."""
-        for name in ("disconnect_grace", "startup_grace", "min_sync_interval"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f"resources.{name}", value, "must be a finite number >= 0")
+        check_constraints(self, "resources")
         for name in (
             "retry_backoff_initial",
             "retry_backoff_max",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,13 @@ def test_the_largest_uid_is_accepted() -> None:
 
 
 def _floats(struct: Any) -> list[str]:
-    return [f.name for f in msgspec.structs.fields(struct) if f.type is float]
+    # A typed constraint (core.rules) is Annotated[float, ...]: a float setting all the same.
+    return [
+        f.name
+        for f in msgspec.structs.fields(struct)
+        if f.type is float
+        or (typing.get_origin(f.type) is typing.Annotated and typing.get_args(f.type)[0] is float)
+    ]
 
 
 # Every float setting of every table (durations, and kube.qps) must be finite and has a minimum;

@@ -48,6 +48,8 @@ def _field_type(path: str) -> Any:
     table, name = path.split(".")
     tables = {f.name: f.type for f in msgspec.structs.fields(Config)}
     fields = {f.name: f.type for f in msgspec.structs.fields(tables[table])}
+    if typing.get_origin(fields[name]) is typing.Annotated:  # a typed constraint (core.rules)
+        return typing.get_args(fields[name])[0]
     return fields[name]
 
 
