@@ -6,6 +6,7 @@ from nodeagent.accumulator.accumulator import (
     QueryForbiddenError,
     Watch,
 )
+from nodeagent.accumulator.hub import WatchHub
 from nodeagent.accumulator.model import (
     Delta,
     DeltaType,
@@ -30,4 +31,5 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "Watch",
+    "WatchHub",
 ]
