@@ -6,7 +6,6 @@ from nodeagent.accumulator.accumulator import (
     QueryForbiddenError,
     Watch,
 )
-from nodeagent.accumulator.hub import WatchHub
 from nodeagent.accumulator.model import (
     Delta,
     DeltaType,
@@ -31,5 +30,4 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "Watch",
-    "WatchHub",
 ]
