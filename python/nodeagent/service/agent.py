@@ -46,6 +46,7 @@ from nodeagent.service.ops import OpsServer
 from nodeagent.service.reporter import ReporterComponent, cnr_summary
 from nodeagent.service.resources import ResourcesComponent, slice_summary
 from nodeagent.service.sdnotify import Notifier
+from nodeagent.service.settings import AgentSettings
 from nodeagent.service.status import config_document
 from nodeagent.service.supervisor import ComponentReport, Supervisor
 
@@ -137,7 +138,7 @@ class Agent:
                 on_file_rollback=lambda message: self._reloaded("rolled_back", message),
             )
         self.dynconfig_component: DynconfigComponent | None = None
-        self.hub.subscribe("agent", on_applied=_apply_log_level, name="log")
+        self.hub.agent.subscribe(on_applied=_apply_log_level, name="log")
         self.reloader = reloader
         # SIGHUPs that came before `run` installed its signal receiver (the CLI appends them).
         self.early_sighups: list[int] = []
@@ -287,20 +288,20 @@ class Agent:
 
     async def _serve(self) -> None:
         async with open_grpc_bridge() as bridge, self.cluster.connected() as client:
-            manager = PluginManager(self.hub.subscribe("plugins", name="plugins"), bridge)
+            manager = PluginManager(self.hub.plugins, bridge)
             self.plugins_component = PluginsComponent(manager)
             agent = self.config.agent
             self.resources_component = ResourcesComponent(
                 node_name=agent.node_name,
                 inventories=manager.channel("DRAPlugin"),
-                settings=self.hub.subscribe("resources", name="resources"),
+                settings=self.hub.resources,
                 accumulator_settings=self.config.accumulator,
                 client=client,
             )
             self.reporter_component = ReporterComponent(
                 node_name=agent.node_name,
                 plugins=manager.channel("ReporterPlugin"),
-                settings=self.hub.subscribe("reporter", name="reporter"),
+                settings=self.hub.reporter,
                 accumulator_settings=self.config.accumulator,
                 state_dir=agent.state_dir,
                 client=client,
@@ -462,6 +463,6 @@ class Agent:
         }
 
 
-def _apply_log_level(old: Any, new: Any) -> None:
+def _apply_log_level(old: AgentSettings, new: AgentSettings) -> None:
     if old.log_level != new.log_level:
         set_log_level(new.log_level)

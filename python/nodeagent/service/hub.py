@@ -1,17 +1,19 @@
 """The running configuration and its hot apply: one `ConfigHub` per process.
 
-Components read their table through a `LatestValue` (`hub.table(name)`) at the point of use, so
-the next loop takes a new value without a restart. A proposal (SIGHUP's re-read file, a remote
-config) is all or nothing: a changed field outside the dynamic set, or one veto from a
-subscriber, discards the whole change and the running config stays. Vetoes are checked before
-anything is swapped, so no component ever sees half a change.
+Each table of the config has one typed handle on the hub (`hub.plugins`: a `Table` of
+`PluginSettings`): components read it at the point of use (`hub.plugins.value.scan_interval`),
+so the next loop takes a new value without a restart, and subscribe to it for a veto or a
+notice. A proposal (SIGHUP's re-read file, a remote config) is all or nothing: a changed field
+outside the dynamic set, or one veto from a subscriber, discards the whole change and the
+running config stays. Vetoes are checked before anything is swapped, so no component ever sees
+half a change.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 
@@ -25,12 +27,13 @@ from nodeagent.service.config import Config
 
 log = get_logger(__name__)
 
-__all__ = ["DYNAMIC_FIELDS", "ApplyResult", "ConfigHub", "changed_fields"]
+__all__ = ["DYNAMIC_FIELDS", "ApplyResult", "ConfigHub", "Table", "changed_fields"]
 
+T = TypeVar("T")
 # (old table, new table) -> a veto reason, or None to accept.
-VetoHook = Callable[[Any, Any], "str | None"]
+VetoHook = Callable[[T, T], "str | None"]
 # (old table, new table), called once the change is committed (e.g. the log module's level).
-AppliedHook = Callable[[Any, Any], None]
+AppliedHook = Callable[[T, T], None]
 
 
 @dataclass(slots=True)
@@ -60,44 +63,79 @@ def changed_fields(old: Config, new: Config) -> list[str]:
 
 
 @dataclass(slots=True)
-class _Subscriber:
+class _Subscriber(Generic[T]):
     name: str
-    on_change: VetoHook | None
-    on_applied: AppliedHook | None
+    on_change: VetoHook[T] | None
+    on_applied: AppliedHook[T] | None
+
+
+class Table(LatestValue[T]):
+    """One table of the running config: its live value (a `LatestValue`, bumped only when a
+    field of this table changes) and the components subscribed to its changes."""
+
+    def __init__(self, name: str, value: T) -> None:
+        super().__init__(value)
+        self.name = name
+        self._subscribers: list[_Subscriber[T]] = []
+
+    def subscribe(
+        self,
+        on_change: VetoHook[T] | None = None,
+        *,
+        on_applied: AppliedHook[T] | None = None,
+        name: str = "",
+    ) -> Table[T]:
+        """`on_change` may veto a change of this table (a reason, or None to accept);
+        `on_applied` is told once it is committed. `name` says who vetoed."""
+        self._subscribers.append(_Subscriber(name or self.name, on_change, on_applied))
+        return self
+
+    def vetoes(self, old: T, new: T) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
+        for sub in self._subscribers:
+            if sub.on_change is None:
+                continue
+            try:
+                reason = sub.on_change(old, new)
+            except Exception as exc:  # a broken hook refuses, it does not crash the apply
+                reason = f"veto hook failed: {exc}"
+            if reason:
+                out.append((sub.name, reason))
+        return out
+
+    def commit(self, old: T, new: T) -> None:
+        self.set(new)
+        for sub in self._subscribers:
+            if sub.on_applied is None:
+                continue
+            try:
+                sub.on_applied(old, new)
+            except Exception as exc:
+                log.exception("config applied hook failed", subscriber=sub.name, error=str(exc))
 
 
 class ConfigHub:
-    """Holds the active `Config`, one `LatestValue` per table, and the subscribers' hooks."""
+    """Holds the active `Config` and one `Table` per table of it."""
 
     def __init__(self, config: Config, dynamic: frozenset[str] = DYNAMIC_FIELDS) -> None:
         self._current = config
         self._dynamic = dynamic
-        self._tables: dict[str, LatestValue[Any]] = {
-            f.name: LatestValue(getattr(config, f.name)) for f in msgspec.structs.fields(Config)
+        self.agent = Table("agent", config.agent)
+        self.ops = Table("ops", config.ops)
+        self.plugins = Table("plugins", config.plugins)
+        self.kube = Table("kube", config.kube)
+        self.accumulator = Table("accumulator", config.accumulator)
+        self.resources = Table("resources", config.resources)
+        self.reporter = Table("reporter", config.reporter)
+        self.dynconfig = Table("dynconfig", config.dynconfig)
+        # By name for the proposals' dotted paths (a Config table without a handle fails here).
+        self._tables: dict[str, Table[Any]] = {
+            f.name: getattr(self, f.name) for f in msgspec.structs.fields(Config)
         }
-        self._subscribers: dict[str, list[_Subscriber]] = {}
 
     @property
     def current(self) -> Config:
         return self._current
-
-    def table(self, name: str) -> LatestValue[Any]:
-        """The live value of one table (`hub.table("plugins").value.scan_interval`)."""
-        return self._tables[name]
-
-    def subscribe(
-        self,
-        table: str,
-        on_change: VetoHook | None = None,
-        *,
-        on_applied: AppliedHook | None = None,
-        name: str = "",
-    ) -> LatestValue[Any]:
-        if table not in self._tables:
-            raise KeyError(f"no config table {table!r}")
-        subscriber = _Subscriber(name or table, on_change, on_applied)
-        self._subscribers.setdefault(table, []).append(subscriber)
-        return self._tables[table]
 
     def propose(self, new: Config, source: str) -> ApplyResult:
         """Apply `new` as a whole, or nothing of it (static field changed, or a veto)."""
@@ -111,37 +149,14 @@ class ConfigHub:
             if path not in self._dynamic
         ]
         if not vetoes:
-            vetoes = self._ask(old, new, {path.split(".", 1)[0] for path in changed})
+            for table in sorted({path.split(".", 1)[0] for path in changed}):
+                vetoes += self._tables[table].vetoes(getattr(old, table), getattr(new, table))
         if vetoes:
             result = ApplyResult(applied=False, changed=changed, vetoes=vetoes)
             log.warning("config change refused", source=source, reason=result.reason())
             return result
-        self._commit(old, new, changed)
-        log.info("config change applied", source=source, changed=",".join(changed))
-        return ApplyResult(applied=True, changed=changed)
-
-    def _ask(self, old: Config, new: Config, tables: set[str]) -> list[tuple[str, str]]:
-        vetoes: list[tuple[str, str]] = []
-        for table in sorted(tables):
-            for sub in self._subscribers.get(table, []):
-                if sub.on_change is None:
-                    continue
-                try:
-                    reason = sub.on_change(getattr(old, table), getattr(new, table))
-                except Exception as exc:  # a broken hook refuses, it does not crash the apply
-                    reason = f"veto hook failed: {exc}"
-                if reason:
-                    vetoes.append((sub.name, reason))
-        return vetoes
-
-    def _commit(self, old: Config, new: Config, changed: list[str]) -> None:
         self._current = new
         for table in dict.fromkeys(path.split(".", 1)[0] for path in changed):
-            self._tables[table].set(getattr(new, table))
-            for sub in self._subscribers.get(table, []):
-                if sub.on_applied is None:
-                    continue
-                try:
-                    sub.on_applied(getattr(old, table), getattr(new, table))
-                except Exception as exc:
-                    log.exception("config applied hook failed", subscriber=sub.name, error=str(exc))
+            self._tables[table].commit(getattr(old, table), getattr(new, table))
+        log.info("config change applied", source=source, changed=",".join(changed))
+        return ApplyResult(applied=True, changed=changed)

@@ -60,7 +60,7 @@ def test_stream_min_interval_is_dynamic_and_max_interval_static() -> None:
     assert "plugins.stream_min_interval" in DYNAMIC_FIELDS
     assert "accumulator.max_interval" not in DYNAMIC_FIELDS
     hub = ConfigHub(build_config({}))
-    seen = hub.subscribe("plugins")
+    seen = hub.plugins
     result = hub.propose(build_config({"plugins": {"stream_min_interval": 0.5}}), "test")
     assert result.applied and result.changed == ["plugins.stream_min_interval"]
     assert seen.value.stream_min_interval == 0.5

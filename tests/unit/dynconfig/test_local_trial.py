@@ -141,8 +141,7 @@ async def test_invalid_or_vetoed_reload_keeps_the_running_file(
 ) -> None:
     rig = Rig(tmp_path)
     c = rig.controller
-    rig.hub.subscribe(
-        "plugins",
+    rig.hub.plugins.subscribe(
         lambda old, new: "99 s is too slow" if new.scan_interval == 99 else None,
         name="publisher",
     )

@@ -33,8 +33,7 @@ def test_changed_fields_are_dotted_paths() -> None:
 def test_a_dynamic_change_swaps_the_table_and_tells_the_subscribers() -> None:
     hub = ConfigHub(_config())
     seen: list[tuple[float, float]] = []
-    live = hub.subscribe(
-        "plugins",
+    live = hub.plugins.subscribe(
         lambda old, new: None,
         on_applied=lambda old, new: seen.append((old.scan_interval, new.scan_interval)),
     )
@@ -44,7 +43,7 @@ def test_a_dynamic_change_swaps_the_table_and_tells_the_subscribers() -> None:
     assert live.value.scan_interval == 2.5 and live.version == version + 1
     assert hub.current.plugins.scan_interval == 2.5
     assert seen == [(1.0, 2.5)]
-    assert hub.table("agent").version == 0  # untouched tables are not bumped
+    assert hub.agent.version == 0  # untouched tables are not bumped
 
 
 def test_a_static_field_refuses_the_whole_change_naming_the_field() -> None:
@@ -57,15 +56,14 @@ def test_a_static_field_refuses_the_whole_change_naming_the_field() -> None:
     assert result.vetoes == [
         ("static", "agent.node_name is static: restart the agent to change it")
     ]
-    assert hub.current is before and hub.table("plugins").value.scan_interval == 1.0
+    assert hub.current is before and hub.plugins.value.scan_interval == 1.0
 
 
 def test_a_veto_discards_the_whole_change_and_no_subscriber_sees_part_of_it() -> None:
     hub = ConfigHub(_config())
     applied: list[str] = []
-    hub.subscribe("agent", on_applied=lambda old, new: applied.append("agent"))
-    hub.subscribe(
-        "plugins",
+    hub.agent.subscribe(on_applied=lambda old, new: applied.append("agent"))
+    hub.plugins.subscribe(
         lambda old, new: "cannot scan that fast now" if new.scan_interval < 1 else None,
         name="plugin-manager",
     )
@@ -76,7 +74,7 @@ def test_a_veto_discards_the_whole_change_and_no_subscriber_sees_part_of_it() ->
     assert result.vetoes == [("plugin-manager", "cannot scan that fast now")]
     assert result.reason() == "plugin-manager: cannot scan that fast now"
     assert applied == [] and hub.current.agent.log_level == "info"
-    assert hub.table("agent").version == 0
+    assert hub.agent.version == 0
 
 
 def test_a_failing_veto_hook_refuses_instead_of_crashing() -> None:
@@ -85,7 +83,7 @@ def test_a_failing_veto_hook_refuses_instead_of_crashing() -> None:
     def broken(old: Any, new: Any) -> str | None:
         raise RuntimeError("boom")
 
-    hub.subscribe("plugins", broken)
+    hub.plugins.subscribe(broken)
     result = hub.propose(_config(plugins={"scan_interval": 2.5}), "test")
     assert not result.applied and result.vetoes == [("plugins", "veto hook failed: boom")]
 
