@@ -54,10 +54,13 @@ THREAD_THRESHOLD = 65536
 class _Shared:
     """One running watch and its subscribers; it is itself the watch's sink (fan-out)."""
 
-    def __init__(self, hub: WatchHub, request: WatchRequest) -> None:
+    def __init__(self, hub: WatchHub, request: WatchRequest, key: object, shared: bool) -> None:
         self.hub = hub
         self.request = request
-        self.store = Store()  # fed by the watch only: what a late subscriber is replayed
+        self.key = key
+        # Fed by the watch only: what a late subscriber is replayed (None: one subscriber only,
+        # no copy of the objects).
+        self.store: Store | None = Store() if shared else None
         self.live: list[WatchSink] = []
         self.pending: list[WatchSink] = []  # subscribed mid-list: replayed when it ends
         # Sink calls of the watch and replays to new subscribers never interleave.
@@ -111,6 +114,7 @@ class _Shared:
             self.scope.cancel()
 
     async def _replay(self, sink: WatchSink) -> None:
+        assert self.store is not None
         self.store.drain(None)  # everything held becomes "shown": shown_keys lists it all
         items = [
             raw
@@ -136,21 +140,24 @@ class _Shared:
 
     async def begin_list(self) -> None:
         async with self.lock:
-            self.store.begin_list()
+            if self.store is not None:
+                self.store.begin_list()
             self.listing = True
             for sink in tuple(self.live):
                 await sink.begin_list()
 
     async def list_page(self, page: bytes) -> None:
         async with self.lock:
-            with contextlib.suppress(ValueError):  # each subscriber's sink reports it
-                await self._run(self.store.list_page, page)
+            if self.store is not None:
+                with contextlib.suppress(ValueError):  # each subscriber's sink reports it
+                    await self._run(self.store.list_page, page)
             for sink in tuple(self.live):
                 await sink.list_page(page)
 
     async def end_list(self, resource_version: str) -> None:
         async with self.lock:
-            self.store.end_list(resource_version)
+            if self.store is not None:
+                self.store.end_list(resource_version)
             self.listing, self.listed = False, True
             self.resource_version = resource_version
             self._proof()
@@ -163,22 +170,25 @@ class _Shared:
 
     async def feed(self, chunk: bytes) -> FeedResult:
         async with self.lock:
-            rv, error, events, _malformed = await self._run(self.store.feed, chunk)
-            if rv is not None or events:
-                self._proof()
-            if rv is not None and not self.listing:
-                self.resource_version = rv
+            result: FeedResult | None = None
+            if self.store is not None:
+                rv, error, events, _malformed = await self._run(self.store.feed, chunk)
+                result = FeedResult(rv, WatchError(*error) if error is not None else None, events)
             for sink in tuple(self.live):
-                await sink.feed(chunk)
-            return FeedResult(
-                resource_version=rv,
-                error=WatchError(*error) if error is not None else None,
-                events=events,
-            )
+                got = await sink.feed(chunk)
+                result = result or got
+            if result is None:  # no subscriber left: the watch is being stopped
+                return FeedResult(None, None, 0)
+            if result.resource_version is not None or result.events:
+                self._proof()
+            if result.resource_version is not None and not self.listing:
+                self.resource_version = result.resource_version
+            return result
 
     async def end_stream(self) -> None:
         async with self.lock:
-            self.store.end_stream()
+            if self.store is not None:
+                self.store.end_stream()
             for sink in tuple(self.live):
                 await sink.end_stream()
 
@@ -202,9 +212,15 @@ class WatchHub:
     accumulator's ``watch=``) in its own nursery (`run`), and tells whether the watches show
     the apiserver reachable (`reachable`)."""
 
-    def __init__(self, watch: Watch) -> None:
+    def __init__(
+        self, watch: Watch, share: Callable[[WatchRequest], bool] = lambda _: True
+    ) -> None:
+        """``share``: whether subscribers of a request share one watch; the hub then keeps a
+        copy of its objects for late subscribers. Others get a watch each (still counted for
+        `reachable`)."""
         self._watch = watch
-        self._shared: dict[WatchRequest, _Shared] = {}
+        self._share = share
+        self._shared: dict[object, _Shared] = {}
         self._nursery: trio.Nursery | None = None
         self._trouble = trio.Event()
 
@@ -225,9 +241,11 @@ class WatchHub:
         while True:
             if self._nursery is None:
                 raise RuntimeError("the watch hub is not running")
-            shared = self._shared.get(request)
+            share = self._share(request)
+            key: object = request if share else (request, id(sink))
+            shared = self._shared.get(key)
             if shared is None:
-                shared = self._shared[request] = _Shared(self, request)
+                shared = self._shared[key] = _Shared(self, request, key, share)
                 self._nursery.start_soon(shared.run, self._watch)
             shared.joining += 1
             try:
@@ -240,8 +258,8 @@ class WatchHub:
             # Stopped as every other subscriber left while this one was joining: start anew.
 
     def _forget(self, shared: _Shared) -> None:
-        if self._shared.get(shared.request) is shared:
-            del self._shared[shared.request]
+        if self._shared.get(shared.key) is shared:
+            del self._shared[shared.key]
 
     @property
     def watches(self) -> int:
@@ -249,8 +267,8 @@ class WatchHub:
         return len(self._shared)
 
     def subscribers(self, request: WatchRequest) -> int:
-        shared = self._shared.get(request)
-        return shared.subscribers if shared is not None else 0
+        """Subscribers of ``request``'s watches."""
+        return sum(s.subscribers for s in self._shared.values() if s.request == request)
 
     def reachable(self, now: float, stall_after: float) -> tuple[bool, str]:
         """(whether every watch shows the apiserver reachable, why not or how). A watch shows

@@ -246,3 +246,22 @@ class FakeSink:
     async def feed(self, chunk: bytes) -> Any: ...
 
     async def end_stream(self) -> None: ...
+
+
+async def test_requests_not_shared_get_a_watch_each(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # This node's slices: one consumer, and no copy of (possibly large) objects in the hub.
+    up = Upstream()
+    hub = WatchHub(up.watch, share=lambda _request: False)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(hub.run)
+        a, b = accumulator(hub), accumulator(hub)
+        await nursery.start(a.run)
+        await nursery.start(b.run)
+        await trio.testing.wait_all_tasks_blocked()
+        assert up.starts == 2 and hub.watches == 2 and hub.subscribers(NODE_REQ) == 2
+        # Each is counted for reachability: one never listed keeps it unproven.
+        await up.listed(node(1), rv=1)  # the last one started
+        assert not hub.reachable(trio.current_time(), 70)[0]
+        nursery.cancel_scope.cancel()
