@@ -14,6 +14,7 @@ import msgspec
 import prometheus_client
 import pytest
 
+import nodeagent.sdk
 from nodeagent import cli
 from nodeagent.resources.convert import from_native
 from nodeagent.resources.model import validate_inventory
@@ -128,3 +129,9 @@ def test_the_readme_links_resolve() -> None:
         target, _, _ = link.partition("#")
         assert not link.startswith("#"), f"{link}: the README's sections moved to docs/"
         assert (REPO_ROOT / target).exists(), link
+
+
+def test_the_api_reference_lists_every_sdk_name() -> None:
+    text = page("docs/plugins/api.md")
+    for name in nodeagent.sdk.__all__:
+        assert f"\n::: nodeagent.sdk.{name}\n" in text, name
