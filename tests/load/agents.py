@@ -24,6 +24,7 @@ import collections
 import json
 import os
 import pathlib
+import re
 import statistics
 import sys
 import tempfile
@@ -69,15 +70,18 @@ class Readiness:
     interval: float = 0.5
     last_not_ready: dict[str, float] = field(default_factory=dict)
     ever_not_ready: set[str] = field(default_factory=set)
+    # Each agent's first reason for not being ready (its failing /readyz lines).
+    reasons: dict[str, str] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def _run(self) -> None:
         while not self._stop.is_set():
             for a in self.fleet.agents:
-                if not a.readyz(timeout=1.0):
+                if (reason := a.readyz_reason(timeout=1.0)) is not None:
                     self.last_not_ready[a.node] = time.time()
                     self.ever_not_ready.add(a.node)
+                    self.reasons.setdefault(a.node, reason)
             self._stop.wait(self.interval)
 
     def __enter__(self) -> Readiness:
@@ -199,6 +203,13 @@ def restart_figures(
         "writes_first_60s": sum(1 for r in burst if r.verb in WRITE_VERBS),
         "errors_first_60s": dict(collections.Counter(str(r.code) for r in burst if r.code >= 400)),
         "agents_not_ready_during_restart": len(readiness.ever_not_ready),
+        # The first reason of each, with the numbers taken out so that alike ones count as one.
+        "not_ready_reasons": dict(
+            collections.Counter(
+                re.sub(r"\d+(\.\d+)?", "N", why)[:200]
+                for why in getattr(readiness, "reasons", {}).values()
+            ).most_common(5)
+        ),
         "all_ready_after_start_s": round(max(0.0, max(not_ready_until) - t_start), 2),
         "agents_with_watches_back": len(reopened),
         "all_watches_back_after_start_s": (
@@ -354,6 +365,7 @@ def table(fig: dict[str, Any]) -> str:
             ("  errors in that window", r["errors_first_60s"] or "none"),
             ("  writes in that window", r["writes_first_60s"]),
             ("  agents not ready at some point", r["agents_not_ready_during_restart"]),
+            ("  their first reasons", r["not_ready_reasons"] or "-"),
             (
                 "  every agent ready again, after the new process started",
                 f"{r['all_ready_after_start_s']} s",

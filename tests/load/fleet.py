@@ -118,12 +118,20 @@ class Agent:
         return self.root / "reg"
 
     def readyz(self, timeout: float = 2.0) -> bool:
+        return self.readyz_reason(timeout) is None
+
+    def readyz_reason(self, timeout: float = 2.0) -> str | None:
+        """None when ready, else why not: the failing components' lines of /readyz."""
         try:
             url = f"http://127.0.0.1:{self.port}/readyz"
             with urllib.request.urlopen(url, timeout=timeout) as resp:
-                return bool(resp.status == 200)
-        except (OSError, urllib.error.URLError):
-            return False
+                return None if resp.status == 200 else f"HTTP {resp.status}"
+        except urllib.error.HTTPError as exc:
+            body = exc.read().decode(errors="replace")
+            lines = [ln for ln in body.splitlines() if ln.startswith("[-]")]
+            return "; ".join(lines) or f"HTTP {exc.code}"
+        except (OSError, urllib.error.URLError) as exc:
+            return f"no answer: {exc}"
 
     def metrics(self, timeout: float = 5.0) -> str:
         url = f"http://127.0.0.1:{self.port}/metrics"
