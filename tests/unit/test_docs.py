@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import prometheus_client
@@ -20,6 +20,8 @@ from nodeagent.resources.convert import from_native
 from nodeagent.resources.model import validate_inventory
 from nodeagent.sdk import Pool, build_inventory
 from nodeagent.service.config import Config
+from nodeagent.service.ops import OpsServer
+from nodeagent.service.settings import OpsSettings
 from tests.support.docs import (
     CLI,
     README,
@@ -135,3 +137,15 @@ def test_the_api_reference_lists_every_sdk_name() -> None:
     text = page("docs/plugins/api.md")
     for name in nodeagent.sdk.__all__:
         assert f"\n::: nodeagent.sdk.{name}\n" in text, name
+
+
+def test_every_ops_path_is_documented() -> None:
+    text = page("docs/operating/ops-endpoint.md")
+    rows = set(re.findall(r"(?m)^\| `(/[^`]*)` \|", text))
+    server = OpsServer(OpsSettings(public_address="127.0.0.1:0"), cast(Any, None))
+    assert sorted(set(server._routes) - rows) == [], "not in ops-endpoint.md's table"
+    assert sorted(rows - set(server._routes)) == [], "in ops-endpoint.md's table but not served"
+    assert server.public is not None
+    public = sorted(server.public.routes)
+    assert public == ["/healthz", "/metrics", "/readyz"]
+    assert "only `/healthz`,\n  `/readyz` and `/metrics`" in text
