@@ -28,8 +28,9 @@ from nodeagent.accumulator import Accumulator, ObjectMap, Query
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.k8s import QuantityError, parse_quantity
 from nodeagent.core.latest import LatestValue
-from nodeagent.kube import CORE_EVENTS, KubeClient, Resource
+from nodeagent.kube import KubeClient, Resource
 from nodeagent.kube.errors import KubeError
+from nodeagent.kube.events import EventRecorder
 from nodeagent.log import get_logger
 from nodeagent.reporter import cnr_metrics as metrics
 from nodeagent.reporter.merge import (
@@ -195,6 +196,7 @@ class CnrWriter:
         settings: ReporterSettings | LatestValue[ReporterSettings],
         client: KubeClient | None = None,
         accumulator: Accumulator | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         if (client is None) != (accumulator is None):
             raise ValueError("CnrWriter: a client needs the CNR accumulator and vice versa")
@@ -216,7 +218,14 @@ class CnrWriter:
         self._backoff = Backoff(
             settings.cnr_retry_initial, settings.cnr_retry_max, jitter=Jitter.below(0.5)
         )
-        self._events: trio.MemorySendChannel[BadField] | None = None
+        # The process's recorder (the process runs it), or one of our own over our client;
+        # standalone, none.
+        self._own_events = events is None and client is not None
+        if client is None:
+            events = None
+        elif events is None:
+            events = EventRecorder(node_name, client=client)
+        self._events = events
         # The reports version last merged, and the last one found on the server (or merged, when
         # standalone) with nothing left to write.
         self._merged_version = -1
@@ -233,13 +242,12 @@ class CnrWriter:
         return self._live.value  # the newest: cnr_min_write_interval is live
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        send, receive = trio.open_memory_channel[BadField](100)
-        self._events = send
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_reports)
             if self._acc is not None:
                 nursery.start_soon(self._follow_cnr)
-                nursery.start_soon(self._send_events, receive)
+            if self._events is not None and self._own_events:
+                nursery.start_soon(self._events.run)
             task_status.started()
             await self._loop()
 
@@ -339,10 +347,7 @@ class CnrWriter:
                 reason=b.reason,
             )
             if self._events is not None:
-                try:
-                    self._events.send_nowait(b)
-                except trio.WouldBlock:
-                    metrics.EVENTS.labels("dropped").inc()
+                self._events.warn("ReporterFieldSkipped", b.describe())
         self._reported_bad = now
 
     def _observed(self) -> dict[str, Any] | None:
@@ -408,27 +413,6 @@ class CnrWriter:
         self.error = f"{type(exc).__name__}: {exc}"
         log.warning("writing the CNR failed", node=self.node_name, error=self.error)
         self._announce()
-
-    async def _send_events(self, receive: trio.MemoryReceiveChannel[BadField]) -> None:
-        assert self._client is not None
-        async for b in receive:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"generateName": f"{self.node_name}."},
-                "involvedObject": {"kind": "Node", "name": self.node_name, "uid": self.node_name},
-                "reason": "ReporterFieldSkipped",
-                "message": b.describe()[:1024],
-                "type": "Warning",
-                "source": {"component": "nodeagent", "host": self.node_name},
-            }
-            try:
-                await self._client.create(CORE_EVENTS, body, "default")
-            except KubeError as exc:
-                metrics.EVENTS.labels("failed").inc()
-                log.warning("event not recorded", error=str(exc))
-                continue
-            metrics.EVENTS.labels("sent").inc()
 
     def view(self) -> dict[str, Any]:
         """What /v1/cnr shows."""

@@ -23,8 +23,3 @@ BAD_FIELDS = Counter(
     "counted once each time a plugin starts sending one, by plugin.",
     ["plugin"],
 )
-EVENTS = Counter(
-    "nodeagent_cnr_events_total",
-    "Warning Events about skipped report fields, by result (sent, failed, dropped).",
-    ["result"],
-)

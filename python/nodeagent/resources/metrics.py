@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from nodeagent.kube.events import NODE_EVENTS
+
 SYNCS = Counter(
     "nodeagent_resourceslice_syncs_total",
     "Pool syncs by result (unchanged: no write needed, written, failed: API error, error: "
@@ -69,11 +71,8 @@ DESIRED_SLICES = Gauge(
     "nodeagent_resourceslice_desired_slices",
     "ResourceSlices the agent wants published, over all drivers and pools.",
 )
-EVENTS = Counter(
-    "nodeagent_resourceslice_events_total",
-    "Warning Events about plugin inventories by result (sent, failed, dropped: backlog full).",
-    ["result"],
-)
+# The Events the publisher records are counted by the process's recorder.
+EVENTS = NODE_EVENTS
 REFUSED_POOLS = Gauge(
     "nodeagent_resourceslice_refused_pools",
     "Pools not published because they also hold ResourceSlices nodeagent does not manage.",

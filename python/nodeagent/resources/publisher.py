@@ -41,6 +41,7 @@ from nodeagent import _native
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.errors import ApiError, BadRequest, Conflict, Invalid, KubeError
+from nodeagent.kube.events import EventRecorder
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
 from nodeagent.resources.desired import Desired, DesiredSlices
@@ -111,6 +112,7 @@ class Publisher:
         settings: ResourcesSettings | LatestValue[ResourcesSettings] | None = None,
         client: SliceWriter | None = None,
         slices: SliceSource | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         if not isinstance(settings, LatestValue):
             settings = LatestValue(settings or ResourcesSettings())
@@ -120,7 +122,14 @@ class Publisher:
             raise ValueError("client and slices go together (both None: standalone)")
         self.node_name = node_name
         self._inventories = inventories
-        self._events = NodeEvents(client, node_name) if client is not None else None
+        # The process's recorder (the process runs it), or one of our own over our client;
+        # standalone, none.
+        self._own_events = events is None and client is not None
+        if client is None:
+            events = None
+        elif events is None:
+            events = NodeEvents(client, node_name)
+        self._events = events
         self._tracker = InventoryTracker(
             node_name, self._events.warn if self._events is not None else None
         )
@@ -254,7 +263,7 @@ class Publisher:
         self._started = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._watch_inventories)
-            if self._events is not None:
+            if self._events is not None and self._own_events:
                 nursery.start_soon(self._events.run)
             if self._observed is not None:
                 nursery.start_soon(self._watch_slices, self._observed)

@@ -31,9 +31,10 @@ from nodeagent.dynconfig.overlay import config_hash, overlay_raw
 from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
 from nodeagent.dynconfig.state import Assignment
 from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, ConfigEvent, condition_patch
-from nodeagent.kube import CORE_EVENTS, NODES
+from nodeagent.kube import NODES
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.errors import KubeError, NotFound
+from nodeagent.kube.events import EventRecorder
 from nodeagent.log import get_logger
 from nodeagent.service.component import Readiness
 from nodeagent.service.config import Config, build_config
@@ -108,23 +109,23 @@ class _Snap:
 
 
 class EventBuffer:
-    """The controller's events, kept until the component has a client to post them (the
-    controller boots before the apiserver answers). Bounded: the oldest are dropped."""
+    """The controller's events (its `on_event`), logged and given to the process's Event
+    recorder, which keeps them until the client exists (the controller boots before the
+    apiserver answers). Without a recorder (tests), one of its own, which the component
+    attaches and runs."""
 
-    def __init__(self, limit: int = 64) -> None:
-        self.limit = limit
-        self.pending: list[ConfigEvent] = []
-        self.arrived = trio.Event()
+    def __init__(self, recorder: EventRecorder | None = None) -> None:
+        self.recorder = recorder if recorder is not None else EventRecorder(backlog=64)
+        self._reasons: set[str] = set()
 
     def __call__(self, event: ConfigEvent) -> None:
         log.info("dynconfig event", type=event.type, reason=event.reason, message=event.message)
-        self.pending = [*self.pending[-(self.limit - 1) :], event]
-        self.arrived.set()
+        self._reasons.add(event.reason)
+        self.recorder.record(event.type, event.reason, event.message)
 
-    def take(self) -> list[ConfigEvent]:
-        out, self.pending = self.pending, []
-        self.arrived = trio.Event()
-        return out
+    def posted(self) -> int:
+        """Events of the controller posted (created, or their count updated)."""
+        return sum(self.recorder.posted.get(r, 0) for r in self._reasons)
 
 
 class DynconfigComponent:
@@ -146,6 +147,11 @@ class DynconfigComponent:
         self.node_name = node_name
         self.controller = controller
         self.events = events
+        # The process's recorder is attached and run by the process; a recorder of our own
+        # posts through our client while we run.
+        self._own_recorder = not events.recorder.attached
+        if self._own_recorder:
+            events.recorder.attach(client, node_name)
         self._client = client
         self._accumulator_settings = accumulator_settings
         self._reports = reports
@@ -165,13 +171,13 @@ class DynconfigComponent:
         self.condition_error: str | None = None
         self.condition_writes = 0
         self._status_failing: Lapses[str] = Lapses("dynconfig", "node_status_writes")
-        self.events_posted = 0  # Events created on the Node (apply, veto, invalid, rollback)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.accumulators, self.crd_missing, self.started = [], None, False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.controller.run_trials, self._reports, self._watchdog_age)
-            nursery.start_soon(self._post_events)
+            if self._own_recorder:
+                nursery.start_soon(self.events.recorder.run)
             nursery.start_soon(self._write_conditions)
             # Started before any cluster lookup: the local (or checkpointed) config runs
             # meanwhile, and READY must not wait for an apiserver that does not answer.
@@ -369,30 +375,10 @@ class DynconfigComponent:
         self.written = condition
         self._written_uid = _uid(answer)
 
-    async def _post_events(self) -> None:
-        while True:
-            await self.events.arrived.wait()
-            for event in self.events.take():
-                body = {
-                    "apiVersion": "v1",
-                    "kind": "Event",
-                    "metadata": {"generateName": f"{self.node_name}."},
-                    # As the kubelet does: node events live in "default", the UID is the name.
-                    "involvedObject": {
-                        "kind": "Node",
-                        "name": self.node_name,
-                        "uid": self.node_name,
-                    },
-                    "reason": event.reason,
-                    "message": event.message[:1024],
-                    "type": event.type,
-                    "source": {"component": "nodeagent", "host": self.node_name},
-                }
-                try:
-                    await self._client.create(CORE_EVENTS, body, "default")
-                    self.events_posted += 1
-                except KubeError as exc:
-                    log.warning("event not recorded", reason=event.reason, error=str(exc))
+    @property
+    def events_posted(self) -> int:
+        """Events posted on the Node (apply, veto, invalid, rollback)."""
+        return self.events.posted()
 
     def readiness(self) -> Readiness:
         if not self.started:

@@ -23,6 +23,7 @@ from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.client import KubeClient
+from nodeagent.kube.events import EventRecorder
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.component import Readiness
@@ -41,8 +42,10 @@ class ResourcesComponent:
         settings: ResourcesSettings | LatestValue[ResourcesSettings],
         accumulator_settings: AccumulatorSettings,
         client: KubeClient | None = None,
+        events: EventRecorder | None = None,
     ) -> None:
         self.node_name = node_name
+        self._events = events  # the process's recorder (None: the publisher's own)
         self._inventories = inventories
         self._settings = settings
         self._accumulator_settings = accumulator_settings
@@ -76,6 +79,7 @@ class ResourcesComponent:
             settings=self._settings,
             client=self._client,
             slices=acc,
+            events=self._events,
         )
         self.accumulator, self.publisher = acc, pub
         async with trio.open_nursery() as nursery:

@@ -1,0 +1,177 @@
+"""The process's Event recorder: buffered until attached, repeats aggregated into a count, a
+bounded backlog, failures counted and not retried."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+import trio.testing
+
+from nodeagent.kube.errors import Forbidden, NotFound
+from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink
+
+
+class Sink:
+    """Creates (named) and patches Events; `fail` refuses every request, `gone` answers
+    patches 404."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+        self.patched: list[tuple[str, dict[str, Any]]] = []
+        self.fail = False
+        self.gone = False
+
+    async def create(self, resource: Any, obj: Any, namespace: str | None = None) -> bytes:
+        assert namespace == "default"
+        if self.fail:
+            raise Forbidden(403, "Forbidden", "no events for you")
+        self.created.append(obj)
+        return json.dumps({"metadata": {"name": f"node-a.{len(self.created)}"}}).encode()
+
+    async def patch(
+        self, resource: Any, name: str, patch: Any, namespace: str | None = None
+    ) -> bytes:
+        if self.gone:
+            raise NotFound(404, "NotFound", "events not found")
+        self.patched.append((name, patch))
+        return b"{}"
+
+
+class CreateOnly:
+    """A sink without `patch`."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+
+    async def create(self, resource: Any, obj: Any, namespace: str | None = None) -> bytes:
+        self.created.append(obj)
+        return json.dumps({"metadata": {"name": "e"}}).encode()
+
+
+def count(result: str) -> float:
+    return NODE_EVENTS.labels(result)._value.get()
+
+
+@asynccontextmanager
+async def running(recorder: EventRecorder) -> AsyncIterator[None]:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(recorder.run)
+        yield
+        nursery.cancel_scope.cancel()
+
+
+def wall() -> float:
+    return 1_800_000_000.0 + trio.current_time()
+
+
+async def test_events_wait_for_the_client_then_are_posted_with_their_count(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    recorder = EventRecorder(clock=wall)
+    sink = Sink()
+    recorder.warn("Rolled", "rolled back")
+    recorder.warn("Rolled", "rolled back")
+    recorder.normal("Applied", "applied")
+    async with running(recorder):
+        await trio.sleep(100)  # no client: nothing is lost, nothing posted
+        assert not recorder.attached
+        recorder.attach(sink, "node-a")
+        await trio.testing.wait_all_tasks_blocked()
+    first, second = sink.created
+    assert first["involvedObject"] == {"kind": "Node", "name": "node-a", "uid": "node-a"}
+    assert first["metadata"] == {"generateName": "node-a."}
+    assert (first["type"], first["reason"], first["count"]) == ("Warning", "Rolled", 2)
+    assert first["firstTimestamp"] == first["lastTimestamp"] == "2027-01-15T08:00:00Z"
+    assert first["source"] == {"component": "nodeagent", "host": "node-a"}
+    assert (second["type"], second["reason"], second["count"]) == ("Normal", "Applied", 1)
+    assert recorder.posted == {"Rolled": 1, "Applied": 1}
+
+
+async def test_repeats_in_the_window_update_the_count_at_most_once_per_interval(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sink = Sink()
+    recorder = EventRecorder("node-a", client=sink, window=600, update_interval=60, clock=wall)
+    updated = count("updated")
+    async with running(recorder):
+        recorder.warn("R", "m")
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(sink.created) == 1
+        for _ in range(5):  # a storm of the same warning: one PATCH
+            await trio.sleep(1)
+            recorder.warn("R", "m")
+        await trio.testing.wait_all_tasks_blocked()
+        assert sink.patched == []
+        await trio.sleep(60)
+        assert sink.patched == [("node-a.1", {"count": 6, "lastTimestamp": "2027-01-15T08:00:05Z"})]
+        assert count("updated") == updated + 1
+        # Past the window since the last occurrence: a new Event.
+        await trio.sleep(600)
+        recorder.warn("R", "m")
+        await trio.testing.wait_all_tasks_blocked()
+    assert [e["count"] for e in sink.created] == [1, 1]
+    assert len(sink.patched) == 1
+    assert recorder.posted == {"R": 3}
+
+
+async def test_an_event_the_server_dropped_is_created_again(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sink = Sink()
+    recorder = EventRecorder("node-a", client=sink, update_interval=10)
+    async with running(recorder):
+        recorder.warn("R", "m")
+        await trio.testing.wait_all_tasks_blocked()
+        sink.gone = True
+        recorder.warn("R", "m")
+        await trio.sleep(11)
+    assert [e["count"] for e in sink.created] == [1, 2]
+    assert sink.patched == []
+
+
+async def test_a_full_backlog_drops_and_a_failed_post_is_not_retried(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sink = Sink()
+    sink.fail = True
+    recorder = EventRecorder("node-a", backlog=2)
+    dropped, failed = count("dropped"), count("failed")
+    for message in "abc":
+        recorder.warn("R", message)
+    assert count("dropped") == dropped + 1
+    recorder.attach(sink)
+    async with running(recorder):
+        await trio.testing.wait_all_tasks_blocked()
+        assert count("failed") == failed + 2
+        sink.fail = False
+        recorder.warn("R", "a")  # within the window of a failed post: only counted
+        await trio.sleep(1000)
+        assert sink.created == [] and sink.patched == []
+        recorder.warn("R", "a")  # past it: a new Event
+        await trio.testing.wait_all_tasks_blocked()
+    assert [e["message"] for e in sink.created] == ["a"]
+
+
+async def test_a_sink_without_patch_gets_no_updates(autojump_clock: trio.abc.Clock) -> None:
+    sink = CreateOnly()
+    recorder = EventRecorder("node-a", client=sink, update_interval=1)
+    async with running(recorder):
+        recorder.warn("R", "m")
+        await trio.testing.wait_all_tasks_blocked()
+        recorder.warn("R", "m")
+        await trio.sleep(10)
+    assert len(sink.created) == 1
+
+
+async def test_messages_are_cut_to_the_api_limit(autojump_clock: trio.abc.Clock) -> None:
+    sink: EventSink = Sink()
+    recorder = EventRecorder("node-a", client=sink)
+    async with running(recorder):
+        recorder.warn("R", "x" * 5000)
+        await trio.testing.wait_all_tasks_blocked()
+    assert isinstance(sink, Sink)
+    assert len(sink.created[0]["message"]) == 1024
