@@ -49,10 +49,10 @@ from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.rpc import open_grpc_bridge
 from nodeagent.sdk.dra import Device, DevicePlugin
-from tests.integration.test_resourceslices_checklist import api_writes
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN as GRPCIO_PLUGIN
 from tests.plugins.test_grpcio_wire import grpcio_modules
+from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.watch import EventSink
 

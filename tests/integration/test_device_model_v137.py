@@ -50,8 +50,8 @@ from nodeagent.sdk import (
 )
 from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import NODE, TIMEOUT, admin, node_slices, until
-from tests.integration.test_resourceslices_checklist import api_writes
 from tests.plugins.conftest import fast_settings
+from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer, apiserver_fixture, newest_release
 from tests.unit.resources.device_field_cases import CASES, Case
 from tests.unit.sdk.test_devices_v137 import partitioned_pool

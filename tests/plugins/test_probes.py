@@ -26,7 +26,7 @@ from tests.plugins.support import (
     state_of,
     wait_until,
 )
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 
 
 async def test_slow_probe_answers_within_the_monitor_timeout_keep_the_plugin(

@@ -35,10 +35,10 @@ from nodeagent.kube.client import Verb, WriteEvent
 from nodeagent.kube.models import ConfigMap
 from nodeagent.kube.resource import CONFIGMAPS
 from nodeagent.kube.watch import WatchSink
-from tests.unit.accumulator.fakes import SECRETS, WIDGETS, FakeClient
+from tests.support.fake_http_apiserver import FakeCluster, line, mock_client, status
+from tests.support.fake_http_apiserver import obj as kube_obj
+from tests.support.fake_watch import SECRETS, WIDGETS, FakeClient
 from tests.unit.accumulator.helpers import dump, event, obj, page
-from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, status
-from tests.unit.kube.kube_fakes import obj as kube_obj
 
 
 @dataclass

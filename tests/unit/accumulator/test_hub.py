@@ -18,7 +18,7 @@ from nodeagent.accumulator.hub import WatchHub
 from nodeagent.kube import errors
 from nodeagent.kube.resource import NODES
 from nodeagent.kube.watch import WatchRequest, WatchSink
-from tests.unit.accumulator.fakes import FakeClient
+from tests.support.fake_watch import FakeClient
 from tests.unit.accumulator.helpers import bookmark, event, obj, page
 
 NODE_Q: Query[Any] = Query("node", "v1", NODES, field_selector="metadata.name=node-a")

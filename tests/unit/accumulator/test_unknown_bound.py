@@ -15,7 +15,7 @@ from nodeagent.accumulator import Accumulator, AccumulatorSettings, Query, Query
 from nodeagent.core.errors import ConfigError
 from nodeagent.kube import errors
 from nodeagent.kube.resource import CONFIGMAPS
-from tests.unit.accumulator.fakes import FakeClient
+from tests.support.fake_watch import FakeClient
 from tests.unit.accumulator.helpers import obj, page
 
 QUERY: Query[Any] = Query("cms", "v1", CONFIGMAPS, namespace="ns")

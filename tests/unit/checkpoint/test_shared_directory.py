@@ -28,7 +28,7 @@ from nodeagent.checkpoint import format as checkpoint_format
 from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import CHECKPOINT_NAME, Known, State
-from tests.unit.dynconfig.test_controller import LOCAL, build, hasher
+from tests.support.fake_dynconfig import LOCAL, build, hasher
 from tests.unit.reporter.test_store import Channel, running, settle
 
 

@@ -23,10 +23,10 @@ from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.kube import errors
 from nodeagent.kube.resource import Resource
 from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
+from tests.support.fake_dynconfig import FakeHub, build, hasher
+from tests.support.fake_watch import FakeClient
 from tests.support.nodeagentconfig import NAC
-from tests.unit.accumulator.fakes import FakeClient
 from tests.unit.accumulator.test_accumulator import synced
-from tests.unit.dynconfig.test_controller import FakeHub, build, hasher
 
 NODE = "node-a"
 

@@ -22,7 +22,8 @@ from nodeagent.dynconfig.status import ConfigEvent
 from nodeagent.service.config import Config
 from nodeagent.service.dynconfig import ConfigBuilder
 from nodeagent.service.hub import ConfigHub
-from tests.unit.dynconfig.test_controller import Report, Wall, target
+from tests.support.fake_dynconfig import Report, Wall
+from tests.unit.dynconfig.test_controller import target
 
 DEBUG = {"agent": {"log_level": "debug"}}
 

@@ -43,10 +43,10 @@ from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import LOCAL_HASH
 from nodeagent.kube.watch import WatchSink
 from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
+from tests.support.fake_dynconfig import FakeHub, Report, Wall, build, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.unit.accumulator.helpers import page
 from tests.unit.dynconfig.test_component import NODE, Client
-from tests.unit.dynconfig.test_controller import FakeHub, Report, Wall, build, hasher
 
 T = TypeVar("T")
 

@@ -21,11 +21,12 @@ import trio
 import trio.testing
 
 from nodeagent.dynconfig.state import LOCAL_HASH, Known
+from tests.support.fake_dynconfig import Report, Wall, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.unit.accumulator.helpers import page
 from tests.unit.accumulator.test_accumulator import synced
 from tests.unit.dynconfig.test_component import NODE, nac, running, until
-from tests.unit.dynconfig.test_controller import Report, Wall, hasher, make, target
+from tests.unit.dynconfig.test_controller import make, target
 
 
 def edited(obj: dict[str, Any], rv: int) -> dict[str, Any]:

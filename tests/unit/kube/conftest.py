@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.unit.kube.kube_fakes import FakeCluster
+from tests.support.fake_http_apiserver import FakeCluster
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import trio.testing
 from nodeagent.kube import CONFIGMAPS, CORE_EVENTS, ClusterConfig, KubeClient, WriteEvent
 from nodeagent.kube.dryrun import DRY_RUN_WRITES, DryRun, diff
 from nodeagent.kube.errors import Invalid
-from tests.unit.kube.kube_fakes import mock_client, status
+from tests.support.fake_http_apiserver import mock_client, status
 
 
 class DryServer:

@@ -11,7 +11,7 @@ import trio.testing
 
 from nodeagent.kube import CONFIGMAPS, NODES, errors
 from nodeagent.kube.kubeconfig import ClusterConfig, in_cluster_config
-from tests.unit.kube.kube_fakes import mock_client, status
+from tests.support.fake_http_apiserver import mock_client, status
 
 
 class Script:

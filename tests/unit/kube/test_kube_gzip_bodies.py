@@ -24,7 +24,7 @@ from nodeagent.kube import CONFIGMAPS, KubeClient, WatchOptions, WatchRequest, e
 from nodeagent.kube.encoding import BodyDecoder, decode_body
 from nodeagent.kube.kubeconfig import ClusterConfig
 from nodeagent.kube.watch import INITIAL_EVENTS_END
-from tests.unit.kube.kube_fakes import line, mock_client, obj
+from tests.support.fake_http_apiserver import line, mock_client, obj
 from tests.unit.kube.test_kube_streaming_list import Sink
 
 REQUEST = WatchRequest(CONFIGMAPS, "ns")

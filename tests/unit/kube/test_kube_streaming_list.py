@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY
 
 from nodeagent.kube import CONFIGMAPS, WatchOptions, WatchRequest, errors, run_watch
 from nodeagent.kube.watch import INITIAL_EVENTS_END, _InitialEvents, find_initial_events_end
+from tests.support.fake_http_apiserver import line, mock_client, obj, status
 from tests.support.informer import EventType, ObjectCache
-from tests.unit.kube.kube_fakes import line, mock_client, obj, status
 
 REQUEST = WatchRequest(CONFIGMAPS, "ns")
 

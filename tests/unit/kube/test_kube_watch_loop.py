@@ -22,8 +22,8 @@ from nodeagent.kube import (
 )
 from nodeagent.kube.kubeconfig import ClusterConfig
 from nodeagent.kube.watch import FORBIDDEN_WATCHES_BEFORE_RELIST
+from tests.support.fake_http_apiserver import FakeCluster, line, mock_client, obj, status
 from tests.support.informer import EventType, Informer, ObjectCache
-from tests.unit.kube.kube_fakes import FakeCluster, line, mock_client, obj, status
 
 NS_CONFIGMAPS = WatchRequest(CONFIGMAPS, "ns")
 

@@ -25,10 +25,10 @@ from nodeagent.accumulator import (
 )
 from nodeagent.kube import CONFIGMAPS, KubeClient, WatchOptions, errors
 from nodeagent.kube.watch import INITIAL_EVENTS_END
-from tests.unit.accumulator.fakes import FakeClient
+from tests.support.fake_http_apiserver import line, mock_client, status
+from tests.support.fake_http_apiserver import obj as kube_obj
+from tests.support.fake_watch import FakeClient
 from tests.unit.accumulator.helpers import obj, page
-from tests.unit.kube.kube_fakes import line, mock_client, status
-from tests.unit.kube.kube_fakes import obj as kube_obj
 
 QUERY: Query[Any] = Query("cms", "v1", CONFIGMAPS, namespace="ns")
 EXPIRED = line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old"})

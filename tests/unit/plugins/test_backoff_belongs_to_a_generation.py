@@ -13,8 +13,8 @@ import trio.testing
 
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.rpc.bridge import RpcError
+from tests.support.fake_plugins import FakeBridge, FakeHandler, FakeRegistration, listen, settings
 
-from .fakes import FakeBridge, FakeHandler, FakeRegistration, listen, settings
 from .test_probe_results_apply_to_their_generation import info, recreate, status, until
 
 SCAN_INTERVAL = 1.0

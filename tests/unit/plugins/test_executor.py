@@ -16,8 +16,7 @@ from nodeagent.plugins.state import Caches, DesiredPlugin, PluginState
 from nodeagent.plugins.watcher import RegistryWatcher
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.rpc.bridge import RpcError
-
-from .fakes import (
+from tests.support.fake_plugins import (
     PLUGIN_TYPE,
     FakeBridge,
     FakeHandler,

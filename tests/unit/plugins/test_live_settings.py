@@ -17,8 +17,15 @@ from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.rpc.bridge import RpcError
+from tests.support.fake_plugins import (
+    PLUGIN_TYPE,
+    FakeBridge,
+    FakeHandler,
+    FakeRegistration,
+    listen,
+    settings,
+)
 
-from .fakes import PLUGIN_TYPE, FakeBridge, FakeHandler, FakeRegistration, listen, settings
 from .test_monitor import SOCKET, Rig
 
 

@@ -12,8 +12,14 @@ import trio
 
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
-
-from .fakes import PLUGIN_TYPE, FakeBridge, FakeHandler, FakeRegistration, listen, settings
+from tests.support.fake_plugins import (
+    PLUGIN_TYPE,
+    FakeBridge,
+    FakeHandler,
+    FakeRegistration,
+    listen,
+    settings,
+)
 
 
 async def _until(manager: PluginManager, predicate: Callable[[], bool]) -> None:

@@ -14,18 +14,18 @@ from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.state import ActualPlugin, Caches, PluginState, SocketIdentity
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.rpc.bridge import RpcError
-
-from .fakes import PLUGIN_TYPE, FakeBridge, FakeRegistration, Kicks, identity, record, settings
+from tests.support.fake_plugins import (
+    PLUGIN_TYPE,
+    FakeBridge,
+    FakeExecutor,
+    FakeRegistration,
+    Kicks,
+    identity,
+    record,
+    settings,
+)
 
 SOCKET = "/r/p.sock"
-
-
-class FakeExecutor:
-    def __init__(self) -> None:
-        self.busy_sockets: set[str] = set()
-
-    def busy(self, socket: str) -> bool:
-        return socket in self.busy_sockets
 
 
 class Rig:

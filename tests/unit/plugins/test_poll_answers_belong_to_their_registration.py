@@ -20,8 +20,8 @@ from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.rpc.bridge import RpcError
+from tests.support.fake_plugins import FakeBridge, FakeRegistration, listen, settings
 
-from .fakes import FakeBridge, FakeRegistration, listen, settings
 from .test_probe_results_apply_to_their_generation import recreate, until
 
 POLL_INTERVAL = 2.0

@@ -16,8 +16,14 @@ import trio.testing
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.rpc.bridge import RpcError
-
-from .fakes import PLUGIN_TYPE, FakeBridge, FakeHandler, FakeRegistration, listen, settings
+from tests.support.fake_plugins import (
+    PLUGIN_TYPE,
+    FakeBridge,
+    FakeHandler,
+    FakeRegistration,
+    listen,
+    settings,
+)
 
 PROBE_INTERVAL = 5.0
 

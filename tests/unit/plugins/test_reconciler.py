@@ -16,28 +16,7 @@ from nodeagent.plugins.state import (
     PluginState,
     SocketIdentity,
 )
-
-from .fakes import PLUGIN_TYPE, Kicks, identity, record
-
-
-class FakeExecutor:
-    """Records the operations started; they never finish unless a test says so."""
-
-    def __init__(self) -> None:
-        self.registers: list[DesiredPlugin] = []
-        self.unregisters: list[ActualPlugin] = []
-        self.busy_sockets: set[str] = set()
-
-    def busy(self, socket: str) -> bool:
-        return socket in self.busy_sockets
-
-    def start_register(self, nursery: trio.Nursery, wanted: DesiredPlugin) -> None:
-        self.busy_sockets.add(wanted.socket)
-        self.registers.append(wanted)
-
-    def start_unregister(self, nursery: trio.Nursery, registered: ActualPlugin) -> None:
-        self.busy_sockets.add(registered.socket)
-        self.unregisters.append(registered)
+from tests.support.fake_plugins import PLUGIN_TYPE, FakeExecutor, Kicks, identity, record
 
 
 class Rig:

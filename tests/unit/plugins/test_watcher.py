@@ -10,8 +10,7 @@ import pytest
 from nodeagent.core.errors import ConfigError
 from nodeagent.plugins import watcher as watcher_module
 from nodeagent.plugins.state import ActualPlugin, Caches
-
-from .fakes import Kicks, listen, record
+from tests.support.fake_plugins import Kicks, listen, record
 
 
 def _watcher(registry: Path) -> tuple[watcher_module.RegistryWatcher, Caches, Kicks]:

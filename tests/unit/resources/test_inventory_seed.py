@@ -13,7 +13,7 @@ from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.resources import metrics
 from nodeagent.resources.inventory import InventoryTracker
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 from tests.unit.resources.test_publisher import Plugins, running, settle, slices
 
 

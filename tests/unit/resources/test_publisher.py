@@ -21,7 +21,7 @@ from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 
 DRIVER = "gpu.example.com"
 

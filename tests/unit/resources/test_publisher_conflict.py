@@ -12,7 +12,7 @@ import trio
 
 from nodeagent.kube.errors import Conflict
 from nodeagent.resources.publisher import CONFLICT_STALE_WAIT
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 from tests.unit.resources.test_publisher import Plugins, inventory, running, settle, slices
 
 

@@ -24,9 +24,9 @@ import trio.testing
 from nodeagent.kube import CORE_EVENTS
 from nodeagent.kube.errors import Conflict
 from nodeagent.resources import metrics
-from tests.unit.resources.fake_cluster import FakeCluster, FakeSource
+from tests.support.fake_resourceslices import FakeCluster, FakeSource
 from tests.unit.resources.test_publisher import Plugins, inventory, running, settle
-from tests.unit.resources.test_publisher_issue9 import POOL, foreign_slice, value
+from tests.unit.resources.test_publisher_write_safety import POOL, foreign_slice, value
 
 FOREIGN = "someone-elses-slice"
 Hook = Callable[[], Awaitable[None]]

@@ -14,7 +14,7 @@ import trio.testing
 from nodeagent.core.latest import LatestValue
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 from tests.unit.resources.test_publisher import Plugins, inventory, settle, slices
 
 

@@ -60,7 +60,7 @@ from nodeagent.kube import CORE_EVENTS
 from nodeagent.kube.errors import Conflict, Invalid, ServiceUnavailable, TransportError
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
-from tests.unit.resources.fake_cluster import FakeCluster, FakeSource
+from tests.support.fake_resourceslices import FakeCluster, FakeSource
 from tests.unit.resources.test_publisher import DRIVER, Plugins, inventory
 
 T = TypeVar("T")

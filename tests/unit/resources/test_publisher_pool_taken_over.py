@@ -12,9 +12,9 @@ from typing import Any
 import trio
 
 from nodeagent.resources import metrics
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 from tests.unit.resources.test_publisher import DRIVER, Plugins, inventory, running, settle
-from tests.unit.resources.test_publisher_issue9 import POOL, foreign_slice, value
+from tests.unit.resources.test_publisher_write_safety import POOL, foreign_slice, value
 
 
 def leave(plugins: Plugins, name: str = DRIVER) -> None:

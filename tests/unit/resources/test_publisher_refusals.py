@@ -9,7 +9,7 @@ import trio
 
 from nodeagent.kube.errors import Invalid
 from nodeagent.resources import metrics
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 from tests.unit.resources.test_publisher import DRIVER, Plugins, inventory, running, settle
 
 POOL = (DRIVER, "node-a")

@@ -21,9 +21,9 @@ from nodeagent.reporter.cnr import CnrWriter, cnr_query
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.model import PluginReport
 from nodeagent.reporter.settings import ReporterSettings
-from tests.unit.accumulator.fakes import FakeClient
+from tests.support.fake_http_apiserver import mock_client
+from tests.support.fake_watch import FakeClient
 from tests.unit.accumulator.helpers import page
-from tests.unit.kube.kube_fakes import mock_client
 
 NODE = "node-a"
 

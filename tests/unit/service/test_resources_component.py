@@ -13,7 +13,7 @@ from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.resources import ResourcesComponent, slice_summary
-from tests.unit.kube.kube_fakes import FakeCluster, mock_client
+from tests.support.fake_http_apiserver import FakeCluster, mock_client
 
 
 def component(client: Any = None) -> ResourcesComponent:

@@ -1,4 +1,4 @@
-"""The publisher's issue 9 items against the in-memory cluster: no write storm after a partly
+"""The publisher's write safety against the in-memory cluster: no write storm after a partly
 failed sync (8), a rejected first inventory keeps what is published (9), the Node's UID followed
 (10), others' metadata kept (11), foreign slices refuse their pool (12), no writes while the
 observed state is unknown (13), an unexpected error fails one pool only (14), views built once
@@ -16,7 +16,7 @@ import trio
 from nodeagent.accumulator.model import QueryState, QueryStatus
 from nodeagent.kube.errors import InternalError
 from nodeagent.resources import metrics
-from tests.unit.resources.fake_cluster import FakeCluster
+from tests.support.fake_resourceslices import FakeCluster
 from tests.unit.resources.test_publisher import (
     DRIVER,
     Plugins,

@@ -1,4 +1,4 @@
-"""Issue 9's publisher items against the real kube-apiserver with node-a's credentials: the
+"""Whose slices the publisher writes, against the real kube-apiserver with node-a's credentials: the
 Node re-created under its name (slices re-owned once, no write loop), waiting for a Node that
 does not exist yet, others' metadata kept by updates, a pool holding a foreign slice refused and
 recovered, and no writes while the slice list is Forbidden (an identity that may create slices
@@ -38,7 +38,8 @@ from tests.integration.test_resourceslices import (
     publisher,
     until,
 )
-from tests.integration.test_resourceslices_checklist import api_writes, settle
+from tests.integration.test_resourceslices_write_scope import settle
+from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer
 from tests.support.resources import CLUSTERROLEBINDINGS, CLUSTERROLES, SERVICEACCOUNTS
 

@@ -1,7 +1,7 @@
-"""Issue 5's test checklist against the real kube-apiserver with node-a's credentials: exact
-update scope, multi-slice pools, the generation bump as a watcher sees it, zero-write cases
-counted in the API requests the client made, another node's slice refused and reported, and a
-seed plugin written with grpcio."""
+"""What the publisher writes, and only that, against the real kube-apiserver with node-a's
+credentials: exact update scope, multi-slice pools, the generation bump as a watcher sees it,
+zero-write cases counted in the API requests the client made, another node's slice refused and
+reported, and a seed plugin written with grpcio."""
 
 from __future__ import annotations
 
@@ -41,28 +41,12 @@ from tests.integration.test_resourceslices import (
 )
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN, grpcio_modules
+from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer
 from tests.support.watch import EventSink
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin", "grpcio_modules"]  # fixtures, re-used
-
-WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
-
-
-def api_writes() -> float:
-    """ResourceSlice write requests every client of this process has sent, answered or not."""
-    total = 0.0
-    for metric in API_REQUESTS.collect():
-        for sample in metric.samples:
-            labels = sample.labels
-            if (
-                sample.name.endswith("_total")
-                and labels["resource"] == "resourceslices"
-                and labels["verb"] in WRITE_VERBS
-            ):
-                total += sample.value
-    return total
 
 
 async def settle(pub: Publisher) -> None:

@@ -17,7 +17,13 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.plugins.handler import PluginEndpoint, PluginValidationError
 from nodeagent.plugins.settings import PluginSettings
-from nodeagent.plugins.state import Caches, PluginRecord, SocketIdentity
+from nodeagent.plugins.state import (
+    ActualPlugin,
+    Caches,
+    DesiredPlugin,
+    PluginRecord,
+    SocketIdentity,
+)
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.rpc.bridge import GrpcBridge, RpcError
 
@@ -183,3 +189,23 @@ class Kicks:
 def record(caches: Caches, socket_path: str, generation: int, **fields: Any) -> PluginRecord:
     entry = caches.records[socket_path] = PluginRecord(socket_path, generation, **fields)
     return entry
+
+
+class FakeExecutor:
+    """Records the operations started; they never finish unless a test says so."""
+
+    def __init__(self) -> None:
+        self.registers: list[DesiredPlugin] = []
+        self.unregisters: list[ActualPlugin] = []
+        self.busy_sockets: set[str] = set()
+
+    def busy(self, socket: str) -> bool:
+        return socket in self.busy_sockets
+
+    def start_register(self, nursery: trio.Nursery, wanted: DesiredPlugin) -> None:
+        self.busy_sockets.add(wanted.socket)
+        self.registers.append(wanted)
+
+    def start_unregister(self, nursery: trio.Nursery, registered: ActualPlugin) -> None:
+        self.busy_sockets.add(registered.socket)
+        self.unregisters.append(registered)
