@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AbstractContextManager
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from typing import Any, NoReturn, Protocol
 
@@ -49,6 +50,24 @@ FORBIDDEN_RELIST_RETRY = 1.0
 Watch = Callable[[WatchRequest, WatchSink], Awaitable[NoReturn]]
 """Lists then watches one request into a sink until cancelled: `nodeagent.kube.run_watch`
 bound to a client (tests put a fake here)."""
+
+
+# The watches serving a client (a `WatchHub` registers its own while it runs): what
+# accumulators built without ``watch=`` watch through, so that the components of the agent,
+# each building its own accumulators, share its watches without being handed them.
+_served: weakref.WeakKeyDictionary[KubeClient, Watch] = weakref.WeakKeyDictionary()
+
+
+@contextmanager
+def serving(client: KubeClient, watch: Watch) -> Iterator[None]:
+    """Accumulators over ``client`` built without ``watch=`` that start within the block
+    watch through ``watch``."""
+    _served[client] = watch
+    try:
+        yield
+    finally:
+        if _served.get(client) is watch:
+            del _served[client]
 
 
 class AccumulatorClient(Protocol):
@@ -141,8 +160,9 @@ class Accumulator:
         *,
         watch: Watch | None = None,
     ) -> None:
-        """``watch`` defaults to `run_watch` through ``client``, which must then be a
-        `KubeClient`."""
+        """``watch`` defaults to the watches of ``client``, which must then be a `KubeClient`:
+        those of the `WatchHub` serving it when the accumulator starts (the agent's: one watch
+        per request for the whole process), else `run_watch` through it."""
         self.settings = settings or AccumulatorSettings()
         self.settings.validate()
         if not queries:
@@ -150,12 +170,10 @@ class Accumulator:
         names = [q.name for q in queries]
         if len(set(names)) != len(names):
             raise ValueError(f"query names must be unique: {names}")
-        if watch is None:
-            if not isinstance(client, KubeClient):
-                raise TypeError(f"{type(client).__name__} is not a KubeClient: pass watch=")
-            watch = partial(run_watch, client)
+        if watch is None and not isinstance(client, KubeClient):
+            raise TypeError(f"{type(client).__name__} is not a KubeClient: pass watch=")
         self._client = client
-        self._watch_one = watch
+        self._watch_given = watch
         self._notifier = Notifier(self.settings.max_interval, self._offer_ready)
         self._fields: list[_Field] = []
         for q in queries:
@@ -302,6 +320,13 @@ class Accumulator:
                 await trio.sleep(delay)
         f.problem = None
         return f.resource
+
+    def _watch_one(self, request: WatchRequest, sink: WatchSink) -> Awaitable[NoReturn]:
+        watch = self._watch_given
+        if watch is None:
+            assert isinstance(self._client, KubeClient)
+            watch = _served.get(self._client) or partial(run_watch, self._client)
+        return watch(request, sink)
 
     async def _watch(self, f: _Field) -> None:
         resource = await self._resolve(f)

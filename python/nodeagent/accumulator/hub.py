@@ -25,13 +25,15 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import NoReturn, TypeVar
 
 import trio
 
 from nodeagent._native import Store
-from nodeagent.accumulator.accumulator import Watch
+from nodeagent.accumulator.accumulator import Watch, serving
 from nodeagent.kube import errors as kube_errors
+from nodeagent.kube.client import KubeClient
 from nodeagent.kube.watch import (
     FeedResult,
     GapSink,
@@ -213,12 +215,18 @@ class WatchHub:
     the apiserver reachable (`reachable`)."""
 
     def __init__(
-        self, watch: Watch, share: Callable[[WatchRequest], bool] = lambda _: True
+        self,
+        watch: Watch,
+        share: Callable[[WatchRequest], bool] = lambda _: True,
+        *,
+        client: KubeClient | None = None,
     ) -> None:
         """``share``: whether subscribers of a request share one watch; the hub then keeps a
         copy of its objects for late subscribers. Others get a watch each (still counted for
-        `reachable`)."""
+        `reachable`). ``client``: while the hub runs, accumulators over it built without
+        ``watch=`` watch through the hub."""
         self._watch = watch
+        self._client = client
         self._share = share
         self._shared: dict[object, _Shared] = {}
         self._nursery: trio.Nursery | None = None
@@ -226,13 +234,14 @@ class WatchHub:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hosts the watches until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            try:
-                await trio.sleep_forever()
-            finally:
-                self._nursery = None
+        with serving(self._client, self.watch) if self._client is not None else nullcontext():
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    self._nursery = None
 
     async def watch(self, request: WatchRequest, sink: WatchSink) -> NoReturn:
         """Feeds ``sink`` from the one watch of ``request`` until cancelled (the `Watch`

@@ -1,30 +1,39 @@
 """The cluster connection as a supervised component.
 
 Standalone when no kubeconfig is configured and the agent is not in a pod: the component stays
-idle and says so in /readyz. Otherwise it keeps probing the apiserver's `/readyz` so readiness
-shows whether the cluster is reachable; `/version` only when (re)connecting and every
-VERSION_REFRESH_PROBES probes (an upgraded apiserver is shown), as most of an idle agent's
-requests were these probes.
+idle and says so in /readyz. Otherwise readiness shows whether the cluster is reachable: the
+process's watches show it while every one of them has had an event, a bookmark (about one a
+minute) or a list within `kube.watch_inactivity_timeout` and none is failing; only otherwise
+(starting, a watch stalled or failing) is the apiserver's `/readyz` probed, and `/version`
+when (re)connecting and every VERSION_REFRESH_PROBES probes (an upgraded apiserver is shown).
+Two thirds of an idle agent's requests were these probes (issue 24 s4).
 
 The process has one client: built by `preflight`, opened by the agent for its whole life
 (`connected`), shared by every component that talks to the cluster. Write observers (the
 accumulator's read-your-writes) only see writes made through that same client, and a
-component restart must not close a client another component is using.
+component restart must not close a client another component is using. Likewise its watches
+(`watches`, a `WatchHub` running as long as the client is open): the components' accumulators
+watch through it, so the Node, watched by both the publisher and the dynamic configuration, is
+watched once.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import msgspec
 import trio
 
-from nodeagent.core.backoff import Backoff
+from nodeagent.accumulator.accumulator import Watch
+from nodeagent.accumulator.hub import WatchHub
+from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.settings import KubeSettings, load_client
+from nodeagent.kube.watch import WatchRequest, run_watch
 from nodeagent.log import get_logger
 from nodeagent.service.component import Readiness
 
@@ -34,10 +43,16 @@ STANDALONE_REASON = "standalone: no cluster configured"
 
 # After a failed probe the next comes after 1 s, doubling up to the probe interval: an apiserver
 # back from a restart makes the agent ready again within seconds, not a whole interval (30 s)
-# later (found by the fault matrix: "apiserver restart mid-watch").
+# later (found by the fault matrix: "apiserver restart mid-watch"). Jittered (up to half
+# shorter): a fleet whose apiserver restarted must not probe in step.
 PROBE_RETRY_INITIAL = 1.0
 # /version is asked again every this many probes while connected (10 probes of 30 s: every 5 min).
 VERSION_REFRESH_PROBES = 10
+
+# Resources (group, plural) whose watches of the same request are shared by their consumers:
+# this node's Node (the publisher's owner UID, the dynamic configuration's labels). Others get a
+# watch each (the hub keeps no copy of their objects, e.g. large ResourceSlices).
+SHARED_WATCHES = frozenset({("", "nodes")})
 
 LoadClient = Callable[[KubeSettings], KubeClient | None]
 Probe = Callable[[KubeClient, str | None], Awaitable[str]]
@@ -69,8 +84,12 @@ class ClusterComponent:
         probe: Probe = probe_apiserver,
         probe_interval: float = 30.0,
         unreachable_bound: float = 120.0,
+        watch: Callable[[KubeClient], Watch] | None = None,
     ) -> None:
+        """``watch``: how the process's watches are run over the client (default
+        `run_watch`; tests put a fake here)."""
         self.settings = settings
+        self._run_watch = watch
         self._load_client = load_client
         self._probe = probe
         self.probe_interval = probe_interval
@@ -85,6 +104,9 @@ class ClusterComponent:
         self.unreachable_bound = unreachable_bound
         self._unreachable = Lapses[str](self.name, "apiserver_unreachable")
         self._connected_once = False
+        # The process's watches (None: standalone, or not preflighted yet).
+        self.watches: WatchHub | None = None
+        self.probes_skipped = 0
 
     def preflight(self) -> None:
         """Build (not connect) the client once, so an unusable kubeconfig is a start-up
@@ -96,6 +118,9 @@ class ClusterComponent:
             raise ConfigError(field, exc.value, exc.rule) from exc
         self.client = client
         self.mode = "standalone" if client is None else "cluster"
+        if client is not None:
+            watch = self._run_watch(client) if self._run_watch else partial(run_watch, client)
+            self.watches = WatchHub(watch, share=_shared, client=client)
         self._preflighted = True
 
     @asynccontextmanager
@@ -106,8 +131,13 @@ class ClusterComponent:
         if self.client is None:
             yield None
             return
-        async with self.client as client:
-            yield client
+        async with self.client as client, trio.open_nursery() as nursery:
+            if self.watches is not None:
+                await nursery.start(self.watches.run)
+            try:
+                yield client
+            finally:
+                nursery.cancel_scope.cancel()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if not self._preflighted:
@@ -121,13 +151,37 @@ class ClusterComponent:
             await trio.sleep_forever()
         self._ready = (False, "connecting to the apiserver")
         task_status.started()
-        retry = Backoff(min(PROBE_RETRY_INITIAL, self.probe_interval), self.probe_interval)
+        retry = Backoff(
+            min(PROBE_RETRY_INITIAL, self.probe_interval),
+            self.probe_interval,
+            jitter=Jitter.below(0.5),
+        )
         while True:
-            if await self._check(client):
+            if self._watches_show_reachable():
+                retry.reset()
+                # A watch failing is news at once; a stalled one is seen at the next look.
+                with trio.move_on_after(self.probe_interval):
+                    assert self.watches is not None
+                    await self.watches.trouble()
+            elif await self._check(client):
                 retry.reset()
                 await trio.sleep(self.probe_interval)
             else:
                 await trio.sleep(retry.next())
+
+    def _watches_show_reachable(self) -> bool:
+        """Every watch has shown the apiserver answering lately: no probe needed. Never before
+        a first probe (the server's version is asked then)."""
+        if self.watches is None or self.server_version is None:
+            return False
+        now = trio.current_time()
+        ok, how = self.watches.reachable(now, self.settings.watch_inactivity_timeout)
+        if not ok:
+            return False
+        self.probes_skipped += 1
+        self._unreachable.clear()
+        self._ready = (True, f"connected (apiserver {self.server_version}; {how})")
+        return True
 
     async def _check(self, client: KubeClient) -> bool:
         known = self.server_version if self._ready[0] else None
@@ -160,3 +214,7 @@ class ClusterComponent:
             return False, reason
         # A control-plane restart: the agent keeps working from what it holds.
         return True, describe("apiserver unreachable", lapses[0], now, self.unreachable_bound)
+
+
+def _shared(request: WatchRequest) -> bool:
+    return (request.resource.group, request.resource.plural) in SHARED_WATCHES

@@ -1,0 +1,149 @@
+"""The cluster probe is skipped while every watch shows the apiserver answering (issue 24 s4: two
+thirds of an idle agent's requests were `GET /readyz` every 30 s): a watch event, a bookmark or
+a completed list is proof of reachability. It resumes when a watch fails (at once) or stalls
+(silent past kube.watch_inactivity_timeout), and readiness holds through an outage shorter than
+agent.apiserver_unreachable_bound (issue 24 s5)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any, NoReturn
+
+import trio
+import trio.testing
+
+from nodeagent.accumulator import Accumulator, AccumulatorSettings, Query
+from nodeagent.kube.resource import NODES
+from nodeagent.kube.settings import KubeSettings
+from nodeagent.kube.watch import WatchRequest, WatchSink
+from nodeagent.service.cluster import ClusterComponent
+from tests.support.fake_watch import FakeClient as AccumulatorClient
+from tests.unit.accumulator.helpers import bookmark, obj, page
+from tests.unit.service.test_cluster_probe_retry import RecordingClient
+
+NODE_Q: Query[Any] = Query("node", "v1", NODES, field_selector="metadata.name=node-a")
+STALL = 70.0  # kube.watch_inactivity_timeout
+
+
+class Upstream:
+    """The watch behind the hub: hands out its sink."""
+
+    def __init__(self) -> None:
+        self.sink: WatchSink | None = None
+        self.started = trio.Event()
+
+    async def watch(self, _client: Any, request: WatchRequest, sink: WatchSink) -> NoReturn:
+        self.sink = sink
+        self.started.set()
+        await trio.sleep_forever()
+
+    async def listed(self, rv: int) -> WatchSink:
+        await self.started.wait()
+        assert self.sink is not None
+        await self.sink.begin_list()
+        await self.sink.list_page(page([obj("node-a", rv, None, kind="Node")], rv, "NodeList"))
+        await self.sink.end_list(str(rv))
+        return self.sink
+
+
+@asynccontextmanager
+async def agent() -> AsyncIterator[tuple[ClusterComponent, RecordingClient, Upstream]]:
+    client, up = RecordingClient(), Upstream()
+    cluster = ClusterComponent(
+        KubeSettings(watch_inactivity_timeout=STALL),
+        load_client=lambda s: client,  # type: ignore[arg-type,return-value]  # a fake KubeClient
+        probe_interval=30,
+        watch=lambda c: partial(up.watch, c),
+    )
+    async with cluster.connected(), trio.open_nursery() as nursery:
+        await nursery.start(cluster.run)
+        assert cluster.watches is not None
+        acc = Accumulator(
+            AccumulatorClient(), [NODE_Q], AccumulatorSettings(), watch=cluster.watches.watch
+        )
+        await nursery.start(acc.run)
+        yield cluster, client, up
+        nursery.cancel_scope.cancel()
+
+
+async def test_no_probe_while_the_watches_show_the_apiserver(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with agent() as (cluster, client, up):
+        sink = await up.listed(1)
+        assert client.paths == ["/version", "/readyz"]  # connecting: the version is asked
+        # Ten minutes of bookmarks (the apiserver sends one about every minute): no probe.
+        for _ in range(10):
+            await trio.sleep(60)
+            await sink.feed(bookmark(2))
+        await trio.sleep(1)
+        assert client.paths == ["/version", "/readyz"]
+        assert cluster.probes_skipped >= 19
+        ready, reason = cluster.readiness()
+        assert ready and reason.startswith("connected (apiserver v1.35.4; 1 watches live"), reason
+
+
+async def test_the_probe_resumes_at_once_when_a_watch_fails(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with agent() as (cluster, client, up):
+        sink = await up.listed(1)
+        await trio.sleep(45)  # a look at 30 s skipped the probe
+        assert client.paths == ["/version", "/readyz"]
+        sink.events_missing("gone")  # type: ignore[attr-defined]
+        await trio.sleep(0.1)
+        assert client.paths == ["/version", "/readyz", "/readyz"]
+        # Listed again: skipped again from the next look.
+        await up.listed(2)
+        await trio.sleep(60)
+        assert client.paths == ["/version", "/readyz", "/readyz"]
+        ready, reason = cluster.readiness()
+        assert ready and "watches live" in reason, reason
+
+
+async def test_the_probe_resumes_when_a_watch_stalls(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async with agent() as (_cluster, client, up):
+        await up.listed(1)
+        listed_at = trio.current_time()
+        # No event nor bookmark: silent past 70 s, seen at the next look (every 30 s).
+        await trio.sleep(STALL - 1)
+        assert client.paths == ["/version", "/readyz"]
+        await trio.sleep(30 + 2)
+        assert client.paths == ["/version", "/readyz", "/readyz"]
+        assert trio.current_time() - listed_at <= STALL + 30 + 1
+
+
+async def test_ready_through_an_outage_shorter_than_the_bound(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # A control-plane restart: the apiserver does not answer for 100 s (the kubelet keeps its
+    # node Ready through that; a DaemonSet's pods going NotReady would page its operators).
+    async with agent() as (cluster, client, up):
+        sink = await up.listed(1)
+        await trio.sleep(10)
+        client.down = True
+        sink.events_missing("broken")  # type: ignore[attr-defined]
+        for _ in range(100):
+            await trio.sleep(1)
+            ready, reason = cluster.readiness()
+            assert ready, reason
+        assert reason.startswith("apiserver unreachable for "), reason
+        assert "(bound 120s)" in reason
+        # Back: the probe (retried with backoff, at most 30 s apart) sees it, and the watch
+        # lists again: skipped again.
+        client.down = False
+        await trio.sleep(31)
+        await up.listed(2)
+        await trio.sleep(31)
+        ready, reason = cluster.readiness()
+        assert ready and "watches live" in reason, reason
+        # Down for longer than the bound: not ready.
+        client.down = True
+        sink.events_missing("broken")  # type: ignore[attr-defined]
+        await trio.sleep(125)
+        ready, reason = cluster.readiness()
+        assert not ready and reason.startswith("apiserver unreachable: "), reason
