@@ -314,12 +314,17 @@ class KubeClient:
     def observe_writes(self, fn: Callable[[WriteEvent], None]) -> Iterator[None]:
         """Call ``fn`` after every successful write made through this client, until the block
         ends: an observer lives exactly as long as the task that holds it, so a restarted
-        consumer never leaves its predecessor's observer behind."""
+        consumer never leaves its predecessor's observer behind. A dry run's writes are not
+        observed: nothing will reach the watch, so the readers' view stays the cluster's."""
         self._observers.append(fn)
         try:
             yield
         finally:
             self._observers.remove(fn)
+
+    @property
+    def _observing(self) -> bool:
+        return bool(self._observers) and self.dry_run is None
 
     def _notify(
         self, resource: Resource, verb: Verb, namespace: str | None, name: str, obj: bytes | None
@@ -526,7 +531,7 @@ class KubeClient:
             self.dry_run.record("delete", resource, namespace, meta.name, remaining, item)
 
     def _written(self, resource: Resource, verb: Verb, namespace: str | None, data: bytes) -> None:
-        if self._observers:
+        if self._observing:
             try:
                 meta = _head_decoder.decode(data).metadata
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -691,7 +696,7 @@ class KubeClient:
         remaining = data if _still_exists(data) else None
         if fresh and self.dry_run is not None:
             await self._record("delete", resource, namespace, name, remaining)
-        if self._observers:
+        if self._observing:
             if remaining is None:
                 self._notify(resource, "delete", namespace, name, None)
             else:
@@ -718,7 +723,7 @@ class KubeClient:
         )
         if fresh and self.dry_run is not None:
             self._record_collection(resource, namespace, data)
-        if not self._observers:
+        if not self._observing:
             return
         try:
             deleted = msgspec.json.decode(data, type=_RawList).items or []

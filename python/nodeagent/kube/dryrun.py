@@ -6,12 +6,15 @@ answered write here: verb, object, and a JSON diff of the would-be object (the s
 answer: defaulted, admitted, validated) against the object as the cluster holds it, with
 server-managed metadata stripped.
 
-The agent's own view must stay consistent although nothing reaches the watch: the client
-hands the answer to its write observers as for a real write (the accumulator shows it for
-``local_write_ttl``), and a write the server already answered (same verb, path, parameters
-and body) is answered again from memory, neither sent nor recorded again. A component that
-writes the same desired state again, because the would-be object expired from its view,
-therefore makes one recorded write per desired change, not one per sync.
+The agent's view stays consistent although nothing reaches the watch: the caller gets the
+answer as for a real write (the publisher learns the stored form, the CNR writer what it
+wrote), but the client's write observers are not told (the accumulator's read-your-writes
+overlay would show an object the watch never confirms, then drop it, and a dry-run create's
+answer has no resourceVersion to order it by): the readers' view stays the cluster's. A
+component that plans against that view again writes the same request again; a write the
+server already answered (same verb, path, parameters and body) is answered from memory,
+neither sent nor recorded again. So a dry run makes one recorded write per desired change,
+not one per sync, and no request loop.
 """
 
 from __future__ import annotations
@@ -187,8 +190,9 @@ def not_dry_run_view() -> dict[str, Any]:
 
 
 def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
-    """Operations turning ``old`` into ``new``: objects compared key by key (sorted), any other
-    value (lists included) replaced whole; keys escaped as RFC 6901 pointers."""
+    """Operations turning ``old`` into ``new``: objects compared key by key (sorted), lists of
+    one length item by item (a condition's new heartbeat is one path, not the whole list),
+    any other value replaced whole; keys escaped as RFC 6901 pointers."""
     if isinstance(old, dict) and isinstance(new, dict):
         ops: list[dict[str, Any]] = []
         for key in sorted(old.keys() | new.keys()):
@@ -200,6 +204,12 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
             else:
                 ops.extend(diff(old[key], new[key], at))
         return ops
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [
+            op
+            for i, (o, n) in enumerate(zip(old, new, strict=True))
+            for op in diff(o, n, f"{path}/{i}")
+        ]
     if old == new and type(old) is type(new):
         return []
     return [{"op": "replace", "path": path, "value": new}]

@@ -11,6 +11,7 @@ import msgspec
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.rules import check_constraints, check_seconds, finite
 from nodeagent.kube.client import KubeClient, WatchOptions
+from nodeagent.kube.dryrun import DryRun
 from nodeagent.kube.kubeconfig import (
     SERVICE_ACCOUNT_DIR,
     in_cluster_available,
@@ -67,10 +68,12 @@ def load_client(
     *,
     environ: dict[str, str] | None = None,
     sa_dir: Path = SERVICE_ACCOUNT_DIR,
+    dry_run: DryRun | None = None,
 ) -> KubeClient | None:
     """The client the settings describe, or None for standalone mode (no kubeconfig and not
     in a pod). Raises `ConfigError` for a kubeconfig that cannot be used. The client is not
-    connected yet: enter it with ``async with``."""
+    connected yet: enter it with ``async with``. ``dry_run``: the client's writes are dry runs
+    recorded there."""
     settings.validate()
     env = dict(os.environ) if environ is None else environ
     if settings.kubeconfig is not None:
@@ -91,4 +94,5 @@ def load_client(
             streaming_list=settings.streaming_list,
         ),
         max_attempts=settings.max_attempts,
+        dry_run=dry_run,
     )

@@ -113,7 +113,8 @@ class Transport:
             headers={
                 "Accept": _JSON,
                 "Accept-Encoding": ACCEPT_ENCODING,
-                "User-Agent": "nodeagent",
+                # A dry run's requests are told apart in the audit log by their user agent.
+                "User-Agent": "nodeagent (dry-run)" if self.dry_run else "nodeagent",
             },
             trust_env=False,
             transport=self._transport,

@@ -12,6 +12,7 @@ import pytest
 import trio
 import trio.testing
 
+from nodeagent.core.errors import ConfigError
 from nodeagent.kube import CONFIGMAPS, CORE_EVENTS, ClusterConfig, KubeClient, WriteEvent
 from nodeagent.kube.dryrun import DRY_RUN_WRITES, DryRun, diff
 from nodeagent.kube.errors import Invalid
@@ -170,7 +171,7 @@ async def test_the_record_names_the_object_and_diffs_it_against_the_cluster() ->
     assert {"op": "remove", "path": "/data"} in delete["diff"]
 
 
-async def test_the_same_write_again_is_answered_from_memory_and_not_recorded() -> None:
+async def test_the_same_write_again_is_answered_from_memory_and_not_observed() -> None:
     server = DryServer()
     recorder = DryRun()
     seen: list[WriteEvent] = []
@@ -185,8 +186,9 @@ async def test_the_same_write_again_is_answered_from_memory_and_not_recorded() -
     assert first == again
     assert [m for m, _, _ in server.writes()] == ["PUT", "PUT"]  # the repeat was not sent
     assert recorder.total == 2 and recorder.repeated == 1
-    # The components' view still gets every answer, repeats included.
-    assert [e.verb for e in seen] == ["update", "update", "update"]
+    # Nothing will reach the watch: the readers' view (the write observers) stays the
+    # cluster's.
+    assert seen == []
     assert DRY_RUN_WRITES.labels("update", "configmaps")._value.get() == before + 2
 
 
@@ -272,16 +274,18 @@ def test_the_memo_is_bounded_least_recently_used_first() -> None:
     [("keep", {"keep": 0}), ("max_diff_bytes", {"max_diff_bytes": 10}), ("memo", {"memo": 0})],
 )
 def test_bad_bounds_name_the_field(field: str, kwargs: dict[str, int]) -> None:
-    with pytest.raises(Exception, match=field):
+    with pytest.raises(ConfigError, match=field):
         DryRun(**kwargs)
 
 
-def test_diff_escapes_pointer_keys_and_replaces_lists_whole() -> None:
-    old = {"metadata": {"labels": {"a/b": "1", "t~x": "1"}}, "items": [1, 2]}
-    new = {"metadata": {"labels": {"a/b": "2", "t~x": "1"}}, "items": [1, 3], "n": 1}
+def test_diff_escapes_pointer_keys_and_compares_lists_of_one_length_by_item() -> None:
+    old: dict[str, Any] = {"metadata": {"labels": {"a/b": "1", "t~x": "1"}}, "items": [1, 2]}
+    new: dict[str, Any] = {"metadata": {"labels": {"a/b": "2", "t~x": "1"}}, "items": [1, 3]}
+    old["more"], new["more"], new["n"] = [1], [1, 2], 1
     assert diff(old, new) == [
-        {"op": "replace", "path": "/items", "value": [1, 3]},
+        {"op": "replace", "path": "/items/1", "value": 3},
         {"op": "replace", "path": "/metadata/labels/a~1b", "value": "2"},
+        {"op": "replace", "path": "/more", "value": [1, 2]},
         {"op": "add", "path": "/n", "value": 1},
     ]
     assert diff({"x": 1}, {"x": 1.0}) == [{"op": "replace", "path": "/x", "value": 1.0}]
