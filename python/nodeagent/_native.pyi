@@ -13,6 +13,10 @@ __all__ = [
     "PreparedObserved",
     "Store",
     "__version__",
+    "inventory_errors",
+    "inventory_native",
+    "inventory_seed",
+    "native_message_error",
     "plan_pool",
     "plan_prepared",
     "prepare_desired",
@@ -20,6 +24,7 @@ __all__ = [
     "quantity_canonical",
     "quantity_cmp",
     "quantity_parse",
+    "seed_device_name",
     "slice_spec_equal",
 ]
 
@@ -159,3 +164,26 @@ def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserve
     """`plan_pool` on prepared slices: only matching and the plan, O(n), GIL released."""
 
 # --- end of ResourceSlice planner ---------------------------------------------------------------
+
+# --- plugin inventories (rust/src/inventory; called by nodeagent.resources.convert and model) ---
+
+def inventory_native(driver: str, message: bytes, max_string: int) -> tuple[bytes, list[str]]:
+    """(inventory JSON for msgspec, broken v1 rules) of a native `Inventory` message's wire
+    bytes; `max_string`: the byte limit of string and version attributes. Releases the GIL;
+    ValueError for bytes that are not such a message."""
+
+def inventory_seed(
+    driver: str, pool: str, message: bytes, max_string: int
+) -> tuple[bytes, list[tuple[str, str | None, str]], list[str]]:
+    """(inventory JSON, rejected (device, attribute or None for the whole device, rule), broken
+    v1 rules) of a seed `NodeListAndWatchResourcesResponse`'s wire bytes as one pool `pool`.
+    Releases the GIL."""
+
+def inventory_errors(inventory: bytes, max_string: int) -> list[str]:
+    """The broken v1 rules of `msgspec.json.encode(inventory)`. Releases the GIL."""
+
+def native_message_error(message: bytes) -> str | None:
+    """The first shape rule a native `Inventory` message's wire bytes break. Releases the GIL."""
+
+def seed_device_name(name: str) -> str | None:
+    """The v1 device name of a seed instance name, or None when it cannot have one."""

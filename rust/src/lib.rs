@@ -7,6 +7,7 @@ use pyo3::prelude::*;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+pub mod inventory;
 mod json;
 pub mod planner;
 pub mod store;
@@ -17,5 +18,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<store::Store>()?;
     m.add_class::<store::pmap::PMap>()?;
     planner::register(m)?;
+    inventory::register(m)?;
     Ok(())
 }

@@ -59,7 +59,7 @@ ALLOWED: dict[str, set[str]] = {
     "dynconfig": {"checkpoint", "core", "log"},
     "accumulator": {"kube", "core", "log", "_native"},
     "sdk": {"rpc", "core", "protos"},
-    "plugins": {"rpc", "core", "log", "protos"},
+    "plugins": {"rpc", "core", "log", "protos", "_native"},  # DRA message shape rules
     "kube": {"core", "log"},
     "checkpoint": {"core", "log"},
     "config": {"core"},

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
-from nodeagent.resources.convert import SeedRejection, from_native, from_seed
-from nodeagent.resources.model import InvalidInventory, Inventory, validate_inventory
+from nodeagent.resources.convert import SeedRejection, convert_native, convert_seed
+from nodeagent.resources.model import InvalidInventory, Inventory
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -101,18 +101,16 @@ class InventoryTracker:
         from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
         rejected: list[SeedRejection] = []
-        try:
-            if isinstance(message, device_pb2.Inventory):
-                inventory = from_native(driver, message)
-            elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
-                inventory, rejected = from_seed(driver, self.node_name, message)
-            else:
-                raise InvalidInventory(
-                    driver, [f"unsupported message type {type(message).__name__}"]
-                )
-            validate_inventory(inventory)
-        except InvalidInventory as exc:
-            return Converted(message, None, rejected, exc)
+        # Converted and validated in one Rust call (GIL released), the rules of
+        # model.validate_inventory.
+        if isinstance(message, device_pb2.Inventory):
+            inventory, errors = convert_native(driver, message)
+        elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
+            inventory, rejected, errors = convert_seed(driver, self.node_name, message)
+        else:
+            errors = [f"unsupported message type {type(message).__name__}"]
+        if errors:
+            return Converted(message, None, rejected, InvalidInventory(driver, errors))
         return Converted(message, inventory, rejected, None)
 
     def _accept(self, driver: str, state: DriverState, done: Converted) -> bool:
