@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from typing import Any
+from typing import Any, cast
 
 from google.protobuf.message import DecodeError
 from grpclib import GRPCError
@@ -20,7 +20,7 @@ from grpclib.exceptions import ProtocolError, StreamTerminatedError
 from grpclib.metadata import Deadline
 from grpclib.protocol import H2Protocol
 from grpclib.protocol import Stream as H2Stream
-from grpclib.server import Server
+from grpclib.server import Server as _GrpclibServer
 from h2.errors import ErrorCodes
 from multidict import MultiDict
 
@@ -151,6 +151,85 @@ class CheckedChannel(LimitedChannel):
             sock.close()
             raise
         return protocol
+
+
+class _ServerProtocol(H2Protocol):
+    """grpclib's server connection, known to its server until the connection is lost."""
+
+    def __init__(self, base: H2Protocol, server: Server) -> None:
+        super().__init__(base.handler, base.config, base.h2_config)
+        self._server = server
+        self.transport: asyncio.Transport | None = None
+        server._connections.add(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
+        if self._server._stopping:
+            transport.close()  # made after the server began to stop: closed with the others
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            self._server._lost(self)
+
+
+class Server(_GrpclibServer):
+    """grpclib's server, stopped with every connection it accepted (`stop`).
+
+    grpclib's close() leaves the accepted connections open (their handlers cancelled): asyncio's
+    Server.wait_closed then waits for the peers to hang up (3.12+; a plugin's agent never does
+    while it serves), and on 3.11, where it does not wait, their sockets outlive the server.
+    """
+
+    def __init__(self, handlers: list[Any]) -> None:
+        super().__init__(handlers)
+        self._connections: set[_ServerProtocol] = set()
+        self._stopping = False
+        self._all_lost: asyncio.Event | None = None
+
+    def _protocol_factory(self) -> H2Protocol:
+        return _ServerProtocol(super()._protocol_factory(), self)
+
+    def _lost(self, protocol: _ServerProtocol) -> None:
+        self._connections.discard(protocol)
+        if not self._connections and self._all_lost is not None:
+            self._all_lost.set()
+
+    async def stop(self) -> None:
+        """Stop serving: no new connection, the handlers cancelled and waited for, then every
+        accepted connection closed (aborted if the caller gives up waiting) and gone."""
+        listening = cast("asyncio.Server | None", self._server)
+        assert listening is not None, "stop() before start()"
+        # Stop accepting first, the listening sockets still open. asyncio accepts a connection
+        # in one callback and makes its transport in a task that runs later: had the server
+        # closed in between, that transport would fail to attach to it and its socket would be
+        # left to the garbage collector (which, from 3.12 on, wakes the closed server a second
+        # time: an unraisable TypeError). One loop pass lets those tasks attach their transports.
+        loop = asyncio.get_running_loop()
+        for sock in listening.sockets:
+            loop.remove_reader(sock.fileno())
+        await asyncio.sleep(0)
+        self._stopping = True
+        self.close()  # the listening sockets closed, every handler cancelled
+        try:
+            handlers = [loop.create_task(handler.wait_closed()) for handler in self._handlers]
+            if handlers:
+                await asyncio.wait(handlers)  # their last frames (a reset, a status) queued
+            if self._connections:
+                self._all_lost = asyncio.Event()
+                for protocol in list(self._connections):
+                    if protocol.transport is not None:
+                        protocol.transport.close()  # after writing what is queued
+                    # (else it is closed as soon as it is made, see connection_made)
+                await self._all_lost.wait()
+            await self.wait_closed()
+        except BaseException:
+            for protocol in list(self._connections):
+                if protocol.transport is not None:
+                    protocol.transport.abort()
+            raise
 
 
 def to_rpc_error(exc: BaseException) -> RpcError:

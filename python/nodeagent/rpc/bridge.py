@@ -465,16 +465,14 @@ class GrpcBridge:
             await server.start(path=path)
             return server
 
-        async def stop(server: Any) -> None:
-            server.close()
-            await server.wait_closed()
-
         server = await self.run_asyncio(start)
         try:
             yield
         finally:
+            # Every connection the server accepted is closed with it, none left to a peer
+            # hanging up or to the garbage collector (see `_grpc.Server.stop`).
             with trio.CancelScope(shield=True), trio.move_on_after(_CLOSE_TIMEOUT):
-                await self.run_asyncio(stop, server)
+                await self.run_asyncio(server.stop)
 
     # -- asyncio code calling Trio (see `run_in_trio`)
     async def _from_asyncio(self, fn: Callable[..., Any], *args: Any) -> Any:

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import shutil
 import socket
 import struct
+import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -36,7 +39,7 @@ from nodeagent.rpc import (
     open_grpc_bridge,
     run_in_trio,
 )
-from nodeagent.rpc.bridge import _CLOSE_TIMEOUT, _STREAM_BUFFER
+from nodeagent.rpc.bridge import _CLOSE_TIMEOUT, _STREAM_BUFFER, _grpc_module
 from nodeagent.sdk import ReporterPlugin, ReportItem
 
 STREAMS = 200
@@ -456,3 +459,98 @@ async def test_an_sdk_plugin_serves_on_a_bridge_of_its_own(directory: str) -> No
                     break
     assert threading.active_count() == threads
     assert not await trio.Path(plugin.socket_path).exists()
+
+
+def drain(sock: socket.socket) -> bool:
+    """Read what `sock` has without waiting: True if the peer closed its end (EOF or reset)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(1 << 16):
+            pass
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def unraisable_and_resource_warnings() -> Iterator[list[str]]:
+    """What a garbage collection inside the block reports: unraisable errors (a deallocator's)
+    and ResourceWarnings (an unclosed socket or transport)."""
+    reported: list[str] = []
+    hook = sys.unraisablehook
+
+    def record(info: Any) -> None:
+        reported.append(f"{info.exc_type.__name__}: {info.exc_value}")
+
+    sys.unraisablehook = record
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ResourceWarning)
+            yield reported
+            gc.collect()
+        reported.extend(str(w.message) for w in caught if w.category is ResourceWarning)
+    finally:
+        sys.unraisablehook = hook
+
+
+async def test_leaving_serve_closes_every_connection_the_server_accepted(
+    bridge: GrpcBridge, directory: str
+) -> None:
+    # grpclib's close() leaves accepted connections open: on 3.12+ asyncio then waited for the
+    # agent to hang up (never, while it keeps its channel: serve's exit hung 5 s, then gave up),
+    # and on 3.11 their sockets outlived the server until the garbage collector found them.
+    path = os.path.join(directory, "p.sock")
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        async with bridge.channel(path) as channel:
+            stub = channel.stub(reg_grpc.RegistrationStub)
+            async with bridge.serve([Registration()], path):
+                await bridge.unary(stub.GetInfo, reg.InfoRequest(), timeout=1.0)
+                raw.connect(path)
+                await bridge.run_asyncio(_loop_turns, 5)  # accepted: the server wrote SETTINGS
+                assert not drain(raw)
+            # The server's end of both connections is closed by the time serve() returns.
+            assert drain(raw)
+            with pytest.raises(RpcError) as info:
+                await bridge.unary(stub.GetInfo, reg.InfoRequest(), timeout=1.0)
+            assert info.value.status == "UNAVAILABLE"
+    finally:
+        raw.close()
+
+
+async def test_a_connection_accepted_as_the_server_stops_is_closed_with_it(
+    bridge: GrpcBridge, directory: str
+) -> None:
+    # The race behind test_upstream_layout's failures on CPython 3.15 (a plugin's server closing
+    # while the agent's scan dials it): asyncio accepts a connection in one callback and makes
+    # its transport in a task that runs a loop pass later. Had the server closed in between,
+    # that transport failed to attach to it and was left, socket open, to the garbage
+    # collector, which on 3.12+ woke the closed server a second time (an unraisable TypeError
+    # in Server._wakeup) and on 3.11 reported an unclosed transport.
+    grpc = _grpc_module()
+    path = os.path.join(directory, "p.sock")
+    clients: list[socket.socket] = []
+
+    async def race() -> None:
+        server = grpc.Server([Registration()])
+        await server.start(path=path)
+        for _ in range(2):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            clients.append(client)
+            client.connect(path)  # queued in the listening socket's backlog
+        # Pass 1: the loop sees the listening socket readable; pass 2: its callback accepts
+        # both and creates their transport tasks, which would run after this one's next step.
+        await _loop_turns(2)
+        await server.stop()  # what serve() does on exit
+
+    try:
+        with unraisable_and_resource_warnings() as reported:
+            with trio.fail_after(_CLOSE_TIMEOUT):
+                await bridge.run_asyncio(race)
+            assert [drain(client) for client in clients] == [True, True]
+        assert reported == []
+    finally:
+        for client in clients:
+            client.close()
