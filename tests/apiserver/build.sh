@@ -13,13 +13,14 @@
 # `go build -modfile`, so all releases share one GOCACHE and GOMODCACHE.
 #
 # Needs only Go and the Go module proxy. Uses the default GOCACHE/GOMODCACHE so
-# Go's own caches are shared across clones and releases.
-#   NODEAGENT_HARNESS_CACHE  overrides the cache root
-#                            (default ${XDG_CACHE_HOME:-$HOME/.cache}/nodeagent)
+# Go's own caches are shared across clones and releases. The build itself (Go,
+# the cache directory keyed by the sources and the command line, the lock) is
+# tests/support/gobuild.sh's.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
+. ../support/gobuild.sh
 
 releases() { (cd releases && ls -d [0-9]*.*/ | tr -d / | sort -V -r); }
 
@@ -46,18 +47,6 @@ if [[ ! -f "$modfile" ]]; then
   exit 2
 fi
 
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-  if command -v go >/dev/null 2>&1; then
-    GO="$(command -v go)"
-  elif [[ -x /usr/local/go/bin/go ]]; then
-    GO=/usr/local/go/bin/go
-  else
-    echo "build.sh: no Go toolchain found (set GO=/path/to/go)" >&2
-    exit 1
-  fi
-fi
-
 # The Kubernetes version comes from the release's go.mod; stamped into /version.
 kube_version="$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$modfile")"
 if [[ -z "$kube_version" ]]; then
@@ -71,30 +60,6 @@ fi
 major="${kube_version#v}"; major="${major%%.*}"
 minor="${kube_version#v*.}"; minor="${minor%%.*}"
 
-hash="$(cat "$modfile" "$sumfile" build.sh $(ls *.go | LC_ALL=C sort) | sha256sum | cut -c1-16)"
-root="${NODEAGENT_HARNESS_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/nodeagent}"
-outdir="$root/apiserver-harness-$release-$hash"
-bin="$outdir/harness"
-
-if [[ -x "$bin" ]]; then
-  echo "$bin"
-  exit 0
-fi
-
-mkdir -p "$outdir"
-# Concurrent builds of one release (tests started together) wait for the first one instead of
-# compiling the same packages side by side on a shared machine.
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$outdir/.lock"
-  flock 9
-  if [[ -x "$bin" ]]; then
-    echo "$bin"
-    exit 0
-  fi
-fi
-tmp="$(mktemp "$outdir/harness.XXXXXX")"
-trap 'rm -f "$tmp"' EXIT
-
 pkg=k8s.io/component-base/version
 ldflags="-s -w"
 ldflags+=" -X $pkg.gitVersion=$kube_version"
@@ -102,10 +67,6 @@ ldflags+=" -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
 ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.gitCommit=nodeagent-harness"
 ldflags+=" -X $pkg.buildDate=1970-01-01T00:00:00Z"
 
-echo "build.sh: building harness ($kube_version) -> $bin" >&2
-start=$(date +%s)
-"$GO" build -modfile="$modfile" -trimpath -ldflags "$ldflags" -o "$tmp" . >&2
-mv -f "$tmp" "$bin"
-trap - EXIT
-echo "build.sh: built in $(( $(date +%s) - start ))s" >&2
-echo "$bin"
+gobuild harness "apiserver-harness-$release" "harness ($kube_version)" \
+  "$modfile $sumfile $(ls *.go | LC_ALL=C sort)" -- \
+  -modfile="$modfile" -trimpath -ldflags "$ldflags" .

@@ -10,39 +10,13 @@
 # deprecation checks), taken from the k8s.io/client-go the module resolves (v0.N -> 1.N).
 #
 # Needs only Go and the Go module proxy; the default GOCACHE/GOMODCACHE are shared with the other
-# Go builds of the tests.
-#   NODEAGENT_HARNESS_CACHE  overrides the cache root
-#                            (default ${XDG_CACHE_HOME:-$HOME/.cache}/nodeagent)
+# Go builds of the tests. The build itself (Go, the cache directory keyed by the sources and the
+# command line, the lock) is tests/support/gobuild.sh's.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 cd "$here"
-
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-  if command -v go >/dev/null 2>&1; then
-    GO="$(command -v go)"
-  elif [[ -x /usr/local/go/bin/go ]]; then
-    GO=/usr/local/go/bin/go
-  else
-    echo "build.sh: no Go toolchain found (set GO=/path/to/go)" >&2
-    exit 1
-  fi
-fi
-
-hash="$(cat go.mod go.sum build.sh | sha256sum | cut -c1-16)"
-root="${NODEAGENT_HARNESS_CACHE:-${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/nodeagent}"
-outdir="$root/helm-$hash"
-bin="$outdir/helm"
-
-if [[ -x "$bin" ]]; then
-  echo "$bin"
-  exit 0
-fi
-
-mkdir -p "$outdir"
-tmp="$(mktemp "$outdir/helm.XXXXXX")"
-trap 'rm -f "$tmp"' EXIT
+. ../support/gobuild.sh
 
 helm_version="$(awk '$1 == "helm.sh/helm/v3" {print $2; exit}' go.mod)"
 client_go="$(awk '$1 == "k8s.io/client-go" {print $2; exit}' go.mod)"  # v0.37.0
@@ -56,13 +30,7 @@ ldflags+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
 for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
   ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$kube_minor"
 done
-echo "build.sh: building helm $helm_version (Kubernetes 1.$kube_minor) -> $bin" >&2
-start=$(date +%s)
 # -mod=readonly: go.mod/go.sum are the pins; a build never edits them or resolves new versions.
 # CGO_ENABLED=0 as helm's releases are built.
-CGO_ENABLED=0 "$GO" build -mod=readonly -trimpath -ldflags "$ldflags" -o "$tmp" \
-  helm.sh/helm/v3/cmd/helm >&2
-mv -f "$tmp" "$bin"
-trap - EXIT
-echo "build.sh: built in $(( $(date +%s) - start ))s" >&2
-echo "$bin"
+gobuild helm helm "helm $helm_version (Kubernetes 1.$kube_minor)" "go.mod go.sum" -- \
+  CGO_ENABLED=0 -mod=readonly -trimpath -ldflags "$ldflags" helm.sh/helm/v3/cmd/helm
