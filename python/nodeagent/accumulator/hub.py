@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
-from contextlib import nullcontext
-from typing import NoReturn, TypeVar
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, nullcontext
+from typing import Any, NoReturn, TypeVar, cast
 
+import httpx
 import trio
 
 from nodeagent._native import Store
@@ -41,12 +42,17 @@ from nodeagent.kube.watch import (
     WatchError,
     WatchRequest,
     WatchSink,
+    run_watch,
 )
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
 
 R = TypeVar("R")
+
+# A watch whose stream ended and has not opened again for this long (a healthy one reconnects at
+# once) no longer shows the apiserver reachable.
+RECONNECT_GRACE = 1.0
 
 # List pages and watch chunks at least this large are parsed by the hub's store in a worker
 # thread (as the accumulator's sinks do).
@@ -72,6 +78,8 @@ class _Shared:
         self.resource_version = ""
         self.last_proof: float | None = None
         self.failing: str | None = None
+        # When its stream ended (None: open, or never opened): reconnecting.
+        self.closed_at: float | None = None
         self.ended = trio.Event()
         self.error: Exception | None = None
         self.scope = trio.CancelScope()
@@ -132,6 +140,15 @@ class _Shared:
     def _proof(self) -> None:
         self.last_proof = trio.current_time()
         self.failing = None
+
+    def stream_opened(self) -> None:
+        """The server accepted the watch's stream (200): it answers."""
+        self.closed_at = None
+        self._proof()
+
+    def stream_closed(self) -> None:
+        self.closed_at = trio.current_time()
+        self.hub._trouble.set()  # looked at again once a healthy watch had time to reconnect
 
     async def _run(self, fn: Callable[[bytes], R], data: bytes) -> R:
         if len(data) >= THREAD_THRESHOLD:
@@ -291,6 +308,9 @@ class WatchHub:
             label = shared.request.resource.plural
             if shared.failing is not None:
                 return False, f"watch of {label}: {shared.failing}"
+            if shared.closed_at is not None and now - shared.closed_at >= RECONNECT_GRACE:
+                gone = now - shared.closed_at
+                return False, f"watch of {label}: not reconnected for {gone:.0f}s"
             if shared.last_proof is None:
                 return False, f"watch of {label}: not listed yet"
             if now - shared.last_proof > stall_after:
@@ -300,7 +320,8 @@ class WatchHub:
         return True, f"{len(self._shared)} watches live (last heard {now - oldest:.0f}s ago)"
 
     async def trouble(self) -> None:
-        """Returns when a watch starts failing (a list failed, events went missing)."""
+        """Returns when a watch starts failing (a list failed, events went missing) or its
+        stream ends (a healthy one reconnects within `RECONNECT_GRACE`)."""
         await self._trouble.wait()
         self._trouble = trio.Event()
 
@@ -311,3 +332,36 @@ def _again(error: Exception | None) -> Exception:
     if isinstance(error, kube_errors.ApiError):
         return type(error)(error.code, error.reason, error.message, error.details)
     return RuntimeError(f"shared watch ended: {error!r}")
+
+
+def client_watch(client: KubeClient) -> Watch:
+    """`run_watch` through ``client``, telling a hub's watch when its stream opens and ends
+    (the sink alone cannot tell a watch reconnecting from one waiting for its next event)."""
+
+    async def watch(request: WatchRequest, sink: WatchSink) -> NoReturn:
+        seen: KubeClient = client
+        if isinstance(sink, _Shared):
+            seen = cast(KubeClient, _StreamsObserved(client, sink))
+        await run_watch(seen, request, sink)
+
+    return watch
+
+
+class _StreamsObserved:
+    """``client`` as one watch sees it: its streams tell the watch when they open and end."""
+
+    def __init__(self, client: KubeClient, shared: _Shared) -> None:
+        self._client = client
+        self._shared = shared
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    @asynccontextmanager
+    async def stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[httpx.Response]:
+        async with self._client.stream(*args, **kwargs) as resp:
+            self._shared.stream_opened()
+            try:
+                yield resp
+            finally:
+                self._shared.stream_closed()

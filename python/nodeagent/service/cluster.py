@@ -21,19 +21,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from functools import partial
 
 import msgspec
 import trio
 
 from nodeagent.accumulator.accumulator import Watch
-from nodeagent.accumulator.hub import WatchHub
+from nodeagent.accumulator.hub import RECONNECT_GRACE, WatchHub, client_watch
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.settings import KubeSettings, load_client
-from nodeagent.kube.watch import WatchRequest, run_watch
+from nodeagent.kube.watch import WatchRequest
 from nodeagent.log import get_logger
 from nodeagent.service.component import Readiness
 
@@ -119,7 +118,7 @@ class ClusterComponent:
         self.client = client
         self.mode = "standalone" if client is None else "cluster"
         if client is not None:
-            watch = self._run_watch(client) if self._run_watch else partial(run_watch, client)
+            watch = self._run_watch(client) if self._run_watch else client_watch(client)
             self.watches = WatchHub(watch, share=_shared, client=client)
         self._preflighted = True
 
@@ -159,10 +158,12 @@ class ClusterComponent:
         while True:
             if self._watches_show_reachable():
                 retry.reset()
-                # A watch failing is news at once; a stalled one is seen at the next look.
+                # A watch failing or disconnected is news at once (looked at again once a
+                # healthy one had time to reconnect); a stalled one is seen at the next look.
                 with trio.move_on_after(self.probe_interval):
                     assert self.watches is not None
                     await self.watches.trouble()
+                    await trio.sleep(2 * RECONNECT_GRACE)
             elif await self._check(client):
                 retry.reset()
                 await trio.sleep(self.probe_interval)

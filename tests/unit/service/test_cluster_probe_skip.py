@@ -93,7 +93,7 @@ async def test_the_probe_resumes_at_once_when_a_watch_fails(
         await trio.sleep(45)  # a look at 30 s skipped the probe
         assert client.paths == ["/version", "/readyz"]
         sink.events_missing("gone")  # type: ignore[attr-defined]
-        await trio.sleep(0.1)
+        await trio.sleep(2.1)  # looked at again 2 s later (a healthy watch reconnects by then)
         assert client.paths == ["/version", "/readyz", "/readyz"]
         # Listed again: skipped again from the next look.
         await up.listed(2)
@@ -147,3 +147,22 @@ async def test_ready_through_an_outage_shorter_than_the_bound(
         await trio.sleep(125)
         ready, reason = cluster.readiness()
         assert not ready and reason.startswith("apiserver unreachable: "), reason
+
+
+async def test_the_probe_resumes_when_a_watch_cannot_reconnect(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # The apiserver gone: every stream ends and does not open again (a healthy watch whose
+    # server timeout ended reconnects at once, and its next event may be a minute away).
+    async with agent() as (_cluster, client, up):
+        sink = await up.listed(1)
+        shared: Any = sink  # the hub's watch, which the streams tell
+        shared.stream_opened()
+        await trio.sleep(45)
+        shared.stream_closed()
+        shared.stream_opened()  # a healthy reconnect: nothing to probe
+        await trio.sleep(5)
+        assert client.paths == ["/version", "/readyz"]
+        shared.stream_closed()
+        await trio.sleep(2.5)
+        assert client.paths == ["/version", "/readyz", "/readyz"]
