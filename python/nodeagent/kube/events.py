@@ -83,6 +83,15 @@ class _Series:
     last_post: float = -math.inf  # Trio clock
 
 
+def _now() -> float:
+    """The Trio clock; before the event loop runs (a rollback at boot is recorded then),
+    -inf: such an occurrence is older than any window."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return -math.inf
+
+
 def _timestamp(wall: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
 
@@ -136,9 +145,10 @@ class EventRecorder:
         self.record("Normal", reason, message)
 
     def record(self, event_type: str, reason: str, message: str) -> None:
-        """Queues an Event on the Node (never blocks, never raises)."""
+        """Queues an Event on the Node (never blocks, never raises; also before the event loop
+        runs)."""
         key = (event_type, reason, message[:MESSAGE_LIMIT])
-        now, wall = trio.current_time(), self._clock()
+        now, wall = _now(), self._clock()
         series = self._series.get(key)
         if series is not None and (now - series.seen < self.window or key in self._creates):
             series.count += 1

@@ -175,3 +175,21 @@ async def test_messages_are_cut_to_the_api_limit(autojump_clock: trio.abc.Clock)
         await trio.testing.wait_all_tasks_blocked()
     assert isinstance(sink, Sink)
     assert len(sink.created[0]["message"]) == 1024
+
+
+def test_events_recorded_before_the_event_loop_runs_are_posted() -> None:
+    """The dynamic-config controller boots (and may roll back) before `trio.run`: what it
+    records then is kept and posted once the loop runs and the client is attached."""
+    sink = Sink()
+    recorder = EventRecorder("node-a")
+    recorder.warn("ConfigRolledBack", "rolled back at start")
+    recorder.warn("ConfigRolledBack", "rolled back at start")
+
+    async def main() -> None:
+        recorder.attach(sink)
+        async with running(recorder):
+            await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    (event,) = sink.created
+    assert (event["reason"], event["count"]) == ("ConfigRolledBack", 2)
