@@ -15,14 +15,15 @@ from collections.abc import Callable
 import trio
 
 from nodeagent.accumulator import metrics
+from nodeagent.core.wake import Wake
 
 
 class Notifier:
     def __init__(self, interval: float, ready: Callable[[], bool]) -> None:
         self.interval = interval
         self._ready = ready  # bootstrap done, no relist half-applied, and something pending
-        self._poked = trio.Event()
-        self._offered = trio.Event()
+        self._poked = Wake()
+        self._offered = Wake()
         self._last_offer = -math.inf
 
     def poke(self) -> None:
@@ -30,17 +31,14 @@ class Notifier:
 
     def clear(self) -> None:
         """The consumer took everything: withdraw a pending offer."""
-        if self._offered.is_set():
-            self._offered = trio.Event()
+        self._offered.clear()
 
     async def wait(self) -> None:
         await self._offered.wait()
-        self._offered = trio.Event()
 
     async def run(self) -> None:
         while True:
             await self._poked.wait()
-            self._poked = trio.Event()
             if not self._ready():
                 continue
             due = self._last_offer + self.interval

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-import trio
+from nodeagent.core.wake import Pulse
 
 T = TypeVar("T")
 
@@ -21,7 +21,7 @@ class LatestValue(Generic[T]):
     def __init__(self, initial: T) -> None:
         self._value = initial
         self._version = 0
-        self._changed = trio.Event()
+        self._changed = Pulse()
 
     @property
     def value(self) -> T:
@@ -34,8 +34,7 @@ class LatestValue(Generic[T]):
     def set(self, value: T) -> None:
         self._value = value
         self._version += 1
-        self._changed.set()
-        self._changed = trio.Event()
+        self._changed.fire()
 
     async def wait_newer(self, version: int) -> tuple[int, T]:
         """Wait until the version is greater than `version`; return (version, value)."""

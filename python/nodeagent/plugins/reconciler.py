@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 
 import trio
 
+from nodeagent.core.wake import Wake
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.state import Caches, SocketIdentity, operations
 
@@ -39,7 +40,7 @@ class Reconciler:
         self._seen = seen  # the sockets the registry scan found
         self._scan_interval = scan_interval if callable(scan_interval) else lambda: scan_interval
         self._changed = changed
-        self._wake = trio.Event()
+        self._wake = Wake()
 
     def wake(self) -> None:
         self._wake.set()
@@ -50,9 +51,7 @@ class Reconciler:
             next_due = self.reconcile(nursery)
             # Sleep until something changes or a backoff expires (at most a scan interval).
             delay = min(self._scan_interval(), max(next_due - trio.current_time(), 0.0))
-            with trio.move_on_after(delay):
-                await self._wake.wait()
-            self._wake = trio.Event()
+            await self._wake.wait_for(delay)
 
     def reconcile(self, nursery: trio.Nursery) -> float:
         """Start the operations the plan asks for; return when a backed-off one is due."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 
-import trio
-
 from nodeagent.core.errors import ConfigError
+from nodeagent.core.wake import Wake
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.registry import ensure_registry_dir, scan_registry
@@ -44,7 +43,7 @@ class RegistryWatcher:
         self.root = os.path.abspath(registry_dir)
         self.real_root = os.path.realpath(self.root)
         self._scan_interval = _as_callable(scan_interval)
-        self._retimed = trio.Event()
+        self._retimed = Wake()
         self._caches = caches
         self._kick = kick  # the desired state changed: reconcile (and announce)
         self._changed = changed  # only what is shown changed: announce
@@ -78,9 +77,8 @@ class RegistryWatcher:
 
     async def run(self) -> None:
         while True:
-            self._retimed = trio.Event()
-            with trio.move_on_after(self._scan_interval()):
-                await self._retimed.wait()
+            self._retimed.clear()
+            await self._retimed.wait_for(self._scan_interval())
             self.scan()
 
     def scan(self) -> None:

@@ -28,6 +28,7 @@ from nodeagent.accumulator import Accumulator, ObjectMap, Query
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.k8s import QuantityError, parse_quantity
 from nodeagent.core.latest import LatestValue
+from nodeagent.core.wake import Pulse, Wake
 from nodeagent.kube import KubeClient, Resource
 from nodeagent.kube.errors import KubeError
 from nodeagent.kube.events import EventRecorder
@@ -207,7 +208,7 @@ class CnrWriter:
         self._client = client
         self._acc = accumulator
         self._snap = _Snap()
-        self._dirty = trio.Event()
+        self._dirty = Wake()
         self.merged: MergeResult | None = None
         self.observed: dict[str, Any] | None = None
         self.synced = False  # the observed CNR matches the merge
@@ -230,8 +231,8 @@ class CnrWriter:
         # standalone) with nothing left to write.
         self._merged_version = -1
         self.settled_version = -1
-        self._settled = trio.Event()
-        self._state_changed = trio.Event()
+        self._settled = Pulse()
+        self._state_changed = Pulse()
 
     @property
     def standalone(self) -> bool:
@@ -271,7 +272,6 @@ class CnrWriter:
         last_write = -math.inf
         while True:
             await self._dirty.wait()
-            self._dirty = trio.Event()
             self.merge()
             if self.standalone:
                 self._settle()
@@ -318,13 +318,11 @@ class CnrWriter:
 
     def _settle(self) -> None:
         self.settled_version = self._merged_version
-        self._settled.set()
-        self._settled = trio.Event()
+        self._settled.fire()
         self._announce()
 
     def _announce(self) -> None:
-        self._state_changed.set()
-        self._state_changed = trio.Event()
+        self._state_changed.fire()
 
     async def changed(self) -> None:
         """Until the writer's state (synced, error, writes) next changes."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ import trio
 from nodeagent.checkpoint import CheckpointState, CheckpointStore
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
+from nodeagent.core.wake import Deadlines, Wake
 from nodeagent.log import get_logger
 from nodeagent.reporter import metrics
 from nodeagent.reporter.model import PluginReport, Report, parse_report
@@ -79,7 +79,6 @@ class _Entry:
     response: Report
     running: bool
     stopped_at: float | None  # wall clock, for the published PluginReport
-    expires: float = math.inf  # Trio clock; inf while running
 
     def report(self, name: str) -> PluginReport:
         return PluginReport(name, self.response, self.running, self.stopped_at)
@@ -117,11 +116,12 @@ class ReportStore:
         self._run_sync = run_sync
         self._entries: dict[str, _Entry] = {}
         self._seen: dict[str, PluginData] = {}  # the channel's items already taken in
-        self._dirty = trio.Event()  # the checkpoint is behind the entries
+        self._dirty = Wake()  # the checkpoint is behind the entries
         self._changes = 0  # entry changes, ever
         # How many of `_changes` the checkpoint on disk holds (bumped after each write).
         self._checkpointed: LatestValue[int] = LatestValue(0)
-        self._expiry_changed = trio.Event()
+        # Stopped plugins: when their report is dropped.
+        self._expiries: Deadlines[str] = Deadlines()
         self.latest: LatestValue[Mapping[str, PluginReport]] = LatestValue(MappingProxyType({}))
         self.checkpoint_writes = 0
 
@@ -140,6 +140,7 @@ class ReportStore:
         cancelled; started() once the restored reports (and the first in-tree collection) are
         published."""
         self._entries.clear()
+        self._expiries.clear()
         self._seen.clear()
         await self._restore()
         for reporter in self._in_tree:
@@ -223,7 +224,8 @@ class ReportStore:
             entry.response = response
             changed = True
         if running and not entry.running:
-            entry.running, entry.stopped_at, entry.expires = True, None, math.inf
+            entry.running, entry.stopped_at = True, None
+            self._expiries.discard(name)
             log.info("reporter plugin running; its report carried over", plugin=name)
             changed = True
         elif not running and entry.running:
@@ -240,15 +242,13 @@ class ReportStore:
     def _stop(self, name: str, entry: _Entry, remaining: float, *, restored: bool = False) -> None:
         entry.running = False
         entry.stopped_at = self._clock()
-        entry.expires = trio.current_time() + remaining
-        self._expiry_changed.set()
+        self._expiries.set_after(name, remaining)
         if not restored:  # restored entries are logged together
             log.info("reporter plugin stopped; its report is kept for the grace", plugin=name)
 
     async def _expire_loop(self) -> None:
         while True:
-            now = trio.current_time()
-            expired = [n for n, e in self._entries.items() if e.expires <= now]
+            expired = [n for n in await self._expiries.wait_due() if n in self._entries]
             for name in expired:
                 del self._entries[name]
                 metrics.EXPIRED.inc()
@@ -256,10 +256,6 @@ class ReportStore:
             if expired:
                 self._mark_dirty()
                 self._publish()
-            next_due = min((e.expires for e in self._entries.values()), default=math.inf)
-            self._expiry_changed = trio.Event()
-            with trio.move_on_at(next_due):
-                await self._expiry_changed.wait()
 
     def _publish(self) -> None:
         reports = {name: entry.report(name) for name, entry in sorted(self._entries.items())}
@@ -278,7 +274,6 @@ class ReportStore:
         try:
             while True:
                 await self._dirty.wait()
-                self._dirty = trio.Event()
                 await self._write_checkpoint()
         finally:
             if self._checkpointed.value < self._changes:

@@ -40,6 +40,7 @@ import trio
 from nodeagent import _native
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
+from nodeagent.core.wake import Pulse
 from nodeagent.kube.errors import ApiError, BadRequest, Conflict, Invalid, KubeError
 from nodeagent.kube.events import EventRecorder
 from nodeagent.log import get_logger
@@ -165,7 +166,7 @@ class Publisher:
         # state is already new, their desired slices not yet.
         self._building: set[str] = set()
         self._taken_version = -1  # the newest plugins snapshot taken in
-        self._taken = trio.Event()
+        self._taken = Pulse()
 
     # -- public ---------------------------------------------------------------------------
 
@@ -321,8 +322,7 @@ class Publisher:
                 self._desired.prune_server_forms()
                 metrics.DESIRED_SLICES.set(self._desired.slice_count())
             self._taken_version = version
-            self._taken.set()
-            self._taken = trio.Event()
+            self._taken.fire()
 
     def _large(self, messages: Iterable[Message]) -> bool:
         threshold = self.settings.thread_threshold

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 import trio
 
 from nodeagent.core.backoff import Backoff
+from nodeagent.core.wake import Pulse, Wake
 
 K = TypeVar("K", bound=Hashable)
 
@@ -44,9 +45,8 @@ class WorkQueue(Generic[K]):
         self._failures: dict[K, int] = {}
         self._processing: set[K] = set()
         self._again: set[K] = set()  # added while processing: run once more after done()
-        self._wakeup = trio.Event()
-        self._idle = trio.Event()
-        self._idle.set()
+        self._wakeup = Wake()  # a key added: the next due time may be sooner
+        self._idle = Pulse()  # fired when the queue becomes idle
 
     def __len__(self) -> int:
         return len(self._ready_at) + len(self._again)
@@ -56,8 +56,6 @@ class WorkQueue(Generic[K]):
         if key in self._processing:
             self._again.add(key)
             return
-        if self._idle.is_set():
-            self._idle = trio.Event()
         at = trio.current_time() + delay
         last = self._last_start.get(key)
         if last is not None:
@@ -95,10 +93,8 @@ class WorkQueue(Generic[K]):
                 # Recorded even at interval 0: the interval may be raised at run time.
                 self._last_start[key] = now
                 return key
-            self._wakeup = trio.Event()
-            deadline = self._heap[0][0] if self._heap else math.inf
-            with trio.move_on_at(deadline):
-                await self._wakeup.wait()
+            self._wakeup.clear()
+            await self._wakeup.wait_until(self._heap[0][0] if self._heap else math.inf)
 
     def done(self, key: K, *, failed: bool = False, keep_backoff: bool = False) -> float | None:
         """The key's sync finished. A failure requeues it after its next backoff delay
@@ -122,11 +118,14 @@ class WorkQueue(Generic[K]):
                 self._failures.pop(key, None)
             if again:
                 self.add(key)
-        if not (self._ready_at or self._processing):
-            self._idle.set()
+        if self._is_idle():
+            self._idle.fire()
         return delay
+
+    def _is_idle(self) -> bool:
+        return not (self._ready_at or self._processing)
 
     async def wait_idle(self) -> None:
         """Until nothing is queued (waiting or due) and nothing is processing."""
-        while not self._idle.is_set():
+        while not self._is_idle():
             await self._idle.wait()

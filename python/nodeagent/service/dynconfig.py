@@ -11,7 +11,7 @@ config runs) and the kind is looked for again every `retry` seconds.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -25,6 +25,7 @@ from nodeagent.config.loader import Override, apply_overrides, read_config_file
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
+from nodeagent.core.wake import Wake
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.health import ComponentHealth
 from nodeagent.dynconfig.overlay import config_hash, overlay_raw
@@ -86,21 +87,12 @@ class ConfigBuilder:
         return build_config(overlay_raw(self.raw, remote))
 
 
-class _Wake:
-    """One wake-up for changes of either accumulator (level-triggered: the loop then updates
+async def _forward(acc: Accumulator, wake: Wake) -> None:
+    """Changes of either accumulator are one wake-up (level-triggered: the loop then updates
     both)."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-
-    async def forward(self, acc: Accumulator) -> None:
-        while True:
-            await acc.changed()
-            self._event.set()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-        self._event = trio.Event()
+    while True:
+        await acc.changed()
+        wake.set()
 
 
 class _Snap:
@@ -167,7 +159,7 @@ class DynconfigComponent:
         # The UID of the Node the last condition was written to, and an event set when a Node
         # of another UID (deleted and re-created by its kubelet) lacks it: written again.
         self._written_uid: str | None = None
-        self._lost = trio.Event()
+        self._lost = Wake()
         self.condition_error: str | None = None
         self.condition_writes = 0
         self._status_failing: Lapses[str] = Lapses("dynconfig", "node_status_writes")
@@ -212,10 +204,10 @@ class DynconfigComponent:
                 watch=self._watch,
             )
             self.accumulators = [configs, node]
-            wake = _Wake()
+            wake = Wake()
             for acc in self.accumulators:
                 await nursery.start(acc.run)
-                nursery.start_soon(wake.forward, acc)
+                nursery.start_soon(_forward, acc, wake)
             snap = _Snap()
             labels: dict[str, str] | None = None
             # A selection is owed from the first change it could not run for until it runs: a
@@ -225,8 +217,7 @@ class DynconfigComponent:
             while True:
                 if owed:
                     # The end of a relist that found no difference wakes no one: look again.
-                    with trio.move_on_after(RECHECK_WHILE_OWED):
-                        await wake.wait()
+                    await wake.wait_for(RECHECK_WHILE_OWED)
                 else:
                     await wake.wait()
                 if configs.update(snap):
@@ -342,9 +333,7 @@ class DynconfigComponent:
         backoff = Backoff(1.0, 60.0)
         while True:
             changed = self.controller.changed
-            if self._lost.is_set():
-                self._lost = trio.Event()
-            lost = self._lost
+            self._lost.clear()
             condition = self.controller.condition()
             if condition != self.written:
                 await self._patch_condition(condition)
@@ -354,8 +343,8 @@ class DynconfigComponent:
                 backoff.reset()
             if self.controller.condition() == self.written:
                 async with trio.open_nursery() as nursery:  # whichever comes first
-                    for event in (changed, lost):
-                        nursery.start_soon(_cancel_when_set, event, nursery.cancel_scope)
+                    for wait in (changed.wait, self._lost.wait):
+                        nursery.start_soon(_cancel_when, wait, nursery.cancel_scope)
 
     async def _patch_condition(self, condition: Condition) -> None:
         try:
@@ -429,8 +418,8 @@ def _same_object(meta: Mapping[str, Any], name: str, uid: str) -> bool:
     return meta.get("name") == name
 
 
-async def _cancel_when_set(event: trio.Event, scope: trio.CancelScope) -> None:
-    await event.wait()
+async def _cancel_when(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
+    await wait()
     scope.cancel()
 
 
