@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.overlay import config_hash
+from nodeagent.kube.dryrun import DryRun
+from nodeagent.kube.events import EventRecorder
+from nodeagent.kube.settings import load_client
 from nodeagent.log import get_logger, set_log_level
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.rpc.bridge import open_grpc_bridge
@@ -112,17 +116,30 @@ class Agent:
         reloader: Reloader | None = None,
         builder: ConfigBuilder | None = None,
     ) -> None:
+        # agent.dry_run (static): writes go with dryRun=All and are recorded here, checkpoints
+        # are read but not written.
+        self.dry_run = DryRun() if config.agent.dry_run else None
+        if self.dry_run is not None:
+            log.warning(
+                "dry run: every write is sent with dryRun=All and nothing is persisted; "
+                "the writes this agent would make are on /v1/writes"
+            )
         # With a builder (file + flags + remote overlay), dynamic configuration is on: the
         # controller boots first, so a checkpointed last-known-good runs from the start, also
         # without the apiserver.
         self.builder = builder if config.dynconfig.enabled else None
-        self.dynconfig_events = EventBuffer()
+        # The process's one Event recorder: it keeps what is recorded (a rollback at boot)
+        # until the one client exists, and every component posts through it.
+        self.events = EventRecorder(config.agent.node_name)
+        self.dynconfig_events = EventBuffer(self.events)
         self.controller: Controller[Config] | None = None
         if self.builder is None:
             self.hub = ConfigHub(config)
         else:
             store = CheckpointStore(
-                Path(config.agent.state_dir) / "checkpoints", node=config.agent.node_name
+                Path(config.agent.state_dir) / "checkpoints",
+                node=config.agent.node_name,
+                read_only=config.agent.dry_run,
             )
             booted = boot(config.dynconfig, store, self.builder)
             self.hub = ConfigHub(booted.config)
@@ -149,9 +166,10 @@ class Agent:
             self.notifier,
             stale_after=config.agent.healthz_stale_after,
         )
-        self.ops = OpsServer(config.ops, self)
+        self.ops = OpsServer(config.ops, self, dry_run=self.dry_run)
         self.cluster = cluster or ClusterComponent(
             config.kube,
+            load_client=partial(load_client, dry_run=self.dry_run),
             probe_interval=config.agent.cluster_probe_interval,
             unreachable_bound=config.agent.apiserver_unreachable_bound,
         )
@@ -297,6 +315,7 @@ class Agent:
                 settings=self.hub.resources,
                 accumulator_settings=self.config.accumulator,
                 client=client,
+                events=self.events,
             )
             self.reporter_component = ReporterComponent(
                 node_name=agent.node_name,
@@ -305,6 +324,8 @@ class Agent:
                 accumulator_settings=self.config.accumulator,
                 state_dir=agent.state_dir,
                 client=client,
+                events=self.events,
+                dry_run=self.dry_run is not None,
             )
             dynamic: list[Component] = []
             if self.controller is not None and client is not None:
@@ -332,6 +353,9 @@ class Agent:
                 reset_after=agent.restart_backoff_reset_after,
             )
             async with trio.open_nursery() as root:
+                if client is not None:
+                    self.events.attach(client)
+                    root.start_soon(self.events.run)
                 await root.start(self.heartbeat.run)
                 if self.config.ops.enabled:
                     await root.start(self.ops.run)

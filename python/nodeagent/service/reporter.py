@@ -27,6 +27,7 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube.client import KubeClient
 from nodeagent.kube.errors import KubeError, NotFound
+from nodeagent.kube.events import EventRecorder
 from nodeagent.log import get_logger
 from nodeagent.reporter.cnr import CnrWriter, cnr_query
 from nodeagent.reporter.merge import CNR_API_VERSION, CNR_KIND
@@ -53,14 +54,18 @@ class ReporterComponent:
         state_dir: str | None,
         client: KubeClient | None = None,
         in_tree: Sequence[InTreeReporter] | None = None,
+        dry_run: bool = False,
+        events: EventRecorder | None = None,
     ) -> None:
         self.node_name = node_name
+        self._events = events  # the process's recorder (None: the writer's own)
         self._plugins = plugins
         self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
         settings = self._live.value
         self._accumulator_settings = accumulator_settings
         self._checkpoints = (
-            CheckpointStore(Path(state_dir) / "checkpoints", node=node_name)
+            # A dry run reads the checkpoint a real agent left and writes none.
+            CheckpointStore(Path(state_dir) / "checkpoints", node=node_name, read_only=dry_run)
             if state_dir is not None
             else None
         )
@@ -131,6 +136,7 @@ class ReporterComponent:
                 settings=self._live,
                 client=client,
                 accumulator=acc,
+                events=self._events,
             )
             self.accumulator, self.writer = acc, writer
             await nursery.start(acc.run)
