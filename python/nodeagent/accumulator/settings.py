@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import check_seconds
+from nodeagent.core.rules import Count, check_constraints, check_seconds
 
 
 class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -20,7 +19,7 @@ class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
     # Seconds a write made through the agent's client is shown without the watch confirming it.
     local_write_ttl: float = 60.0
     # Watch chunks and List pages at least this many bytes are parsed in a worker thread.
-    thread_threshold: int = 65536
+    thread_threshold: Count = 65536
     # Seconds a query may stay not known after it was known (relisting after a 410, its relist
     # failing) before the component it serves turns not ready: a watch that cannot be kept.
     # Longer than a brief control-plane restart. A Forbidden first list is reported at once; a
@@ -34,5 +33,4 @@ class AccumulatorSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=Tr
         # forever) and nan compares false everywhere: both refused.
         for name in ("max_interval", "forbidden_retry", "local_write_ttl", "unknown_bound"):
             check_seconds(f"accumulator.{name}", getattr(self, name))
-        if self.thread_threshold < 0:
-            raise ConfigError("accumulator.thread_threshold", self.thread_threshold, "must be >= 0")
+        check_constraints(self, "accumulator")

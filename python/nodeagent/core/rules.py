@@ -19,11 +19,14 @@ from nodeagent.core.errors import ConfigError
 __all__ = [
     "MAX_UID",
     "MIN_SECONDS",
+    "AtLeastOne",
+    "Count",
     "NonNegative",
     "check_constraints",
     "check_seconds",
     "check_uid",
     "constraint_rule",
+    "count",
     "finite",
 ]
 
@@ -45,8 +48,18 @@ def finite(*, ge: float, rule: str | None = None) -> msgspec.Meta:
     )
 
 
+def count(*, ge: int, le: int | None = None, rule: str | None = None) -> msgspec.Meta:
+    """An integer >= `ge` (and <= `le` if given)."""
+    if rule is None:
+        rule = f"must be >= {ge}" if le is None else f"must be in {ge}..{le}"
+    return msgspec.Meta(ge=ge, le=le, extra={RULE: rule})
+
+
 # Seconds (or a count) where 0 means "at once" or "no wait": any finite value >= 0.
 NonNegative = Annotated[float, finite(ge=0)]
+# A number of things where 0 means none, and one where at least one is needed.
+Count = Annotated[int, count(ge=0)]
+AtLeastOne = Annotated[int, count(ge=1)]
 
 
 def _constraint(annotation: Any) -> tuple[msgspec.Meta, str] | None:

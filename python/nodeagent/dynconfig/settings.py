@@ -6,10 +6,12 @@ config they guard.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import check_seconds
+from nodeagent.core.rules import check_constraints, check_seconds, count
 
 __all__ = ["DynconfigSettings"]
 
@@ -28,7 +30,7 @@ class DynconfigSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     unready_bound: float = 60.0
     # During a trial: a component restarted this many times since the trial began is
     # crash-looping (the supervisor's backoff makes 3 restarts take about 7 s at least).
-    crashloop_restarts: int = 3
+    crashloop_restarts: Annotated[int, count(ge=1, rule="must be an integer >= 1")] = 3
     # During a trial: the watchdog not kicked for this many seconds makes the agent unhealthy.
     watchdog_bound: float = 60.0
     # Seconds between two health checks during a trial.
@@ -48,10 +50,7 @@ class DynconfigSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "status_write_bound",
         ):
             check_seconds(f"dynconfig.{name}", getattr(self, name))
-        if self.crashloop_restarts < 1:
-            raise ConfigError(
-                "dynconfig.crashloop_restarts", self.crashloop_restarts, "must be an integer >= 1"
-            )
+        check_constraints(self, "dynconfig")
         if self.health_interval > self.trial_duration:
             raise ConfigError(
                 "dynconfig.health_interval", self.health_interval, "must be <= trial_duration"

@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import check_constraints, check_seconds, finite
+from nodeagent.core.rules import AtLeastOne, check_constraints, check_seconds, finite
 from nodeagent.kube.client import KubeClient, WatchOptions
 from nodeagent.kube.dryrun import DryRun
 from nodeagent.kube.kubeconfig import (
@@ -31,13 +31,13 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     in_cluster: Literal["auto", "never", "always"] = "auto"
     # Client-side token bucket shared by every request, watch reconnect and list.
     qps: Annotated[float, finite(ge=0.01)] = 20.0
-    burst: int = 40
+    burst: AtLeastOne = 40
     # Deadline of one unary request attempt, in seconds.
     request_timeout: float = 30.0
     # A watch that receives nothing (not even a bookmark) for this long is reconnected.
     watch_inactivity_timeout: Annotated[float, finite(ge=5, rule="must be >= 5")] = 70.0
     # Attempts of a unary request (retries of retryable failures included).
-    max_attempts: int = 5
+    max_attempts: AtLeastOne = 5
     # How watches (re)list: "auto" streams the list (a watch with sendInitialEvents, the
     # apiserver's WatchList) and falls back to a paged LIST if the server refuses it; "on"
     # always streams (a refusal is a failed list, retried); "off" always pages with LIST.
@@ -56,11 +56,7 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         # watch_inactivity_timeout: bookmarks come about every 60 s, a shorter timeout would
         # cut healthy idle watches.
         check_constraints(self, "kube")
-        if self.burst < 1:
-            raise ConfigError("kube.burst", self.burst, "must be >= 1")
         check_seconds("kube.request_timeout", self.request_timeout)
-        if self.max_attempts < 1:
-            raise ConfigError("kube.max_attempts", self.max_attempts, "must be >= 1")
 
 
 def load_client(

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import NonNegative, check_constraints, check_seconds, check_uid
+from nodeagent.core.rules import (
+    AtLeastOne,
+    NonNegative,
+    check_constraints,
+    check_seconds,
+    check_uid,
+    count,
+)
 
 __all__ = ["KUBELET_PLUGINS_DIR", "PluginSettings"]
 
@@ -35,9 +43,12 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     probe_interval: float = 10.0
     probe_dial_timeout: float = 20.0
     probe_get_info_timeout: float = 10.0
-    probe_failures: int = 2
+    probe_failures: AtLeastOne = 2
     # Largest plugin message accepted, in bytes.
-    max_message_bytes: int = 4 * 1024 * 1024
+    max_message_bytes: Annotated[
+        int,
+        count(ge=1024, le=_MAX_GRPC_MESSAGE, rule=f"must be between 1024 and {_MAX_GRPC_MESSAGE}"),
+    ] = 4 * 1024 * 1024
     # Timeouts of the registration protocol (kubelet values: 10 s dial, 1 s GetInfo, 5 s notify).
     dial_timeout: float = 10.0
     get_info_timeout: float = 1.0
@@ -102,14 +113,6 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         ):
             check_seconds(f"plugins.{name}", getattr(self, name))
         check_constraints(self, "plugins")
-        if self.probe_failures < 1:
-            raise ConfigError("plugins.probe_failures", self.probe_failures, "must be >= 1")
-        if not 1024 <= self.max_message_bytes <= _MAX_GRPC_MESSAGE:
-            raise ConfigError(
-                "plugins.max_message_bytes",
-                self.max_message_bytes,
-                f"must be between 1024 and {_MAX_GRPC_MESSAGE}",
-            )
         if self.registration_backoff_max < self.registration_backoff_initial:
             raise ConfigError(
                 "plugins.registration_backoff_max",

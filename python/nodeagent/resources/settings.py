@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import NonNegative, check_constraints, check_seconds
+from nodeagent.core.rules import Count, NonNegative, check_constraints, check_seconds
 
 __all__ = ["ResourcesSettings"]
 
@@ -26,7 +26,7 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
     min_sync_interval: NonNegative = 0.1
     # Plugin messages of at least this many bytes (together, per update) are converted and
     # split into slices in a worker thread, so the event loop stays responsive; 0: never.
-    thread_threshold: int = 65536
+    thread_threshold: Count = 65536
     # Seconds before a pool the API server refused (422 Invalid, 400 BadRequest: a permanent
     # answer for the same request) is tried again with an unchanged inventory; a new inventory
     # is tried at once.
@@ -46,8 +46,6 @@ class ResourcesSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True
             "publish_failure_bound",
         ):
             check_seconds(f"resources.{name}", getattr(self, name))
-        if self.thread_threshold < 0:
-            raise ConfigError("resources.thread_threshold", self.thread_threshold, "must be >= 0")
         if self.retry_backoff_max < self.retry_backoff_initial:
             raise ConfigError(
                 "resources.retry_backoff_max",

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.k8s import is_dns_subdomain
-from nodeagent.core.rules import MIN_SECONDS, check_seconds
+from nodeagent.core.rules import MIN_SECONDS, check_constraints, check_seconds, count
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 LogFormat = Literal["text", "json"]
@@ -114,11 +114,11 @@ class OpsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # read_timeout (slowloris clients and idle connections are closed with 408).
     head_timeout: float = 3.0
     read_timeout: float = 1.0
-    max_header_bytes: int = 8192
+    max_header_bytes: Annotated[int, count(ge=1024, le=1024 * 1024)] = 8192
     # Ordinary connection slots per listener; idle ones are evicted (oldest first) when full.
-    max_connections: int = 64
+    max_connections: Annotated[int, count(ge=1, le=10000)] = 64
     # Further slots per listener kept for /healthz and /readyz when every ordinary one is busy.
-    probe_connections: int = 8
+    probe_connections: Annotated[int, count(ge=1, le=1000)] = 8
 
     def validate(self) -> None:
         for name, address in (("address", self.address), ("public_address", self.public_address)):
@@ -137,11 +137,4 @@ class OpsSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 self.read_timeout,
                 f"must be <= ops.head_timeout ({self.head_timeout:g})",
             )
-        if not 1024 <= self.max_header_bytes <= 1024 * 1024:
-            raise ConfigError(
-                "ops.max_header_bytes", self.max_header_bytes, "must be in 1024..1048576"
-            )
-        if not 1 <= self.max_connections <= 10000:
-            raise ConfigError("ops.max_connections", self.max_connections, "must be in 1..10000")
-        if not 1 <= self.probe_connections <= 1000:
-            raise ConfigError("ops.probe_connections", self.probe_connections, "must be in 1..1000")
+        check_constraints(self, "ops")
