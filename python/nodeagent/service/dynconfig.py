@@ -107,6 +107,8 @@ class EventBuffer:
     attaches and runs."""
 
     def __init__(self, recorder: EventRecorder | None = None) -> None:
+        # Ours (no process recorder): the component attaches and runs it.
+        self.owned = recorder is None
         self.recorder = recorder if recorder is not None else EventRecorder(backlog=64)
         self._reasons: set[str] = set()
 
@@ -141,7 +143,7 @@ class DynconfigComponent:
         self.events = events
         # The process's recorder is attached and run by the process; a recorder of our own
         # posts through our client while we run.
-        self._own_recorder = not events.recorder.attached
+        self._own_recorder = events.owned
         if self._own_recorder:
             events.recorder.attach(client, node_name)
         self._client = client
