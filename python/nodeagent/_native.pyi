@@ -1,17 +1,23 @@
 """Type stubs for the Rust extension `nodeagent._native`."""
 
+import enum
 from collections.abc import Callable
 from typing import NamedTuple, final
 
 # The extension's exports (PyO3 lists them in its `__all__`); stubtest checks both agree.
 __all__ = [
+    "Delta",
+    "DeltaKind",
     "PMap",
     "PlanDelete",
     "PlanUpdate",
     "PoolPlan",
     "PreparedDesired",
     "PreparedObserved",
+    "SliceError",
     "Store",
+    "WatchError",
+    "WatchFeed",
     "__version__",
     "inventory_errors",
     "inventory_native",
@@ -32,9 +38,42 @@ __version__: str
 
 # Type aliases exist only for type checkers (the extension has no such names), so they are
 # private: stubtest does not look for private names at runtime.
-_WatchErrorTuple = tuple[int, str, str]
-# (kind 0=add 1=update 2=delete, namespace, name, resourceVersion, raw object or None)
-_RawDelta = tuple[int, str, str, str, bytes | None]
+
+class WatchError(NamedTuple):
+    """An ERROR watch event's Status."""
+
+    code: int
+    reason: str
+    message: str
+
+class WatchFeed(NamedTuple):
+    """What one `Store.feed` took in."""
+
+    resource_version: str | None
+    """The newest resourceVersion of the chunk, None if it had none."""
+    error: WatchError | None
+    """The first ERROR event."""
+    events: int
+    """Events applied."""
+    malformed: list[str]
+    """Messages of the malformed events (skipped)."""
+
+class DeltaKind(enum.IntEnum):
+    """The kind of a Delta (an int, as the store's deltas were)."""
+
+    ADD = 0
+    UPDATE = 1
+    DELETE = 2
+
+class Delta(NamedTuple):
+    """One coalesced change of `Store.drain`."""
+
+    kind: DeltaKind
+    namespace: str
+    name: str
+    resource_version: str
+    raw: bytes | None
+    """The object's raw JSON; None for a delete."""
 
 @final
 class Store:
@@ -43,10 +82,8 @@ class Store:
     list_page and end_list release the GIL."""
 
     def __init__(self) -> None: ...
-    def feed(self, chunk: bytes) -> tuple[str | None, _WatchErrorTuple | None, int, list[str]]:
-        """Newline-delimited watch events, split anywhere. Returns (newest resourceVersion,
-        first ERROR event's (code, reason, message), events applied, malformed-event messages).
-        """
+    def feed(self, chunk: bytes) -> WatchFeed:
+        """Newline-delimited watch events, split anywhere."""
     def end_stream(self) -> None: ...
     def begin_list(self) -> None: ...
     def list_page(self, page: bytes) -> tuple[int, list[str]]:
@@ -57,9 +94,7 @@ class Store:
     def delete_local(self, namespace: str, name: str, deadline: float) -> bool: ...
     def expire(self, now: float) -> int: ...
     def pending(self) -> int: ...
-    def drain(
-        self, accept: Callable[[str, str, bytes], bool | None] | None = None
-    ) -> list[_RawDelta]:
+    def drain(self, accept: Callable[[str, str, bytes], bool | None] | None = None) -> list[Delta]:
         """Coalesced changes since the last drain. An object re-created under the same name
         (another uid) gives a delete of the one shown immediately followed by an add."""
     def get(self, namespace: str, name: str) -> bytes | None: ...
@@ -154,11 +189,23 @@ class PreparedObserved:
     @property
     def resource_version(self) -> str: ...
 
+class SliceError(ValueError):
+    """Slices that could not be decoded or canonicalised (`prepare_desired`,
+    `prepare_observed`): every bad one of the list, in order."""
+
+    def __init__(self, message: str, errors: list[tuple[int, str]]) -> None: ...
+    @property
+    def errors(self) -> list[tuple[int, str]]:
+        """(index in the list given, message) of each bad slice."""
+    @property
+    def index(self) -> int:
+        """The first bad slice's index; str() is its message."""
+
 def prepare_desired(specs: list[bytes]) -> list[PreparedDesired]:
-    """Releases the GIL; ValueError naming the first invalid spec."""
+    """Releases the GIL; SliceError naming every invalid spec."""
 
 def prepare_observed(objects: list[bytes]) -> list[PreparedObserved]:
-    """Releases the GIL; ValueError naming the first invalid object."""
+    """Releases the GIL; SliceError naming every invalid object."""
 
 def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserved]) -> PoolPlan:
     """`plan_pool` on prepared slices: only matching and the plan, O(n), GIL released."""

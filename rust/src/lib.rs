@@ -10,12 +10,14 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod inventory;
 mod json;
 pub mod planner;
+mod pytypes;
 pub mod store;
 
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<store::Store>()?;
+    store::register(m)?;
     m.add_class::<store::pmap::PMap>()?;
     planner::register(m)?;
     inventory::register(m)?;

@@ -147,18 +147,19 @@ class StoreSink:
         self.on_change()
 
     async def feed(self, chunk: bytes) -> FeedResult:
-        rv, error, events, malformed = await self._run(self.store.feed, chunk)
-        if malformed and self.listing:
+        got = await self._run(self.store.feed, chunk)
+        if got.malformed and self.listing:
             self.initial_malformed = True
-        for msg in malformed:
+        for msg in got.malformed:
             metrics.MALFORMED.labels(self.query, "event").inc()
             log.error("malformed watch event skipped", query=self.query, error=msg)
-        if events and self.store.pending():
+        if got.events and self.store.pending():
             self.on_change()
+        error = got.error
         return FeedResult(
-            resource_version=rv,
-            error=WatchError(*error) if error is not None else None,
-            events=events,
+            resource_version=got.resource_version,
+            error=None if error is None else WatchError(error.code, error.reason, error.message),
+            events=got.events,
         )
 
     async def end_stream(self) -> None:

@@ -259,14 +259,13 @@ class ObservedSlices:
             return list(
                 zip(missing, _native.prepare_observed([m[2] for m in missing]), strict=True)
             )
-        except ValueError:
-            pass
-        # One bad object must not hide the good ones (we would publish duplicates).
-        pairs = []
-        for m in missing:
-            try:
-                pairs.append((m, _native.prepare_observed([m[2]])[0]))
-            except ValueError as exc:
-                self._unreadable.add(m[0])
-                log.error("observed ResourceSlice not understood", name=m[0][0], error=str(exc))
-        return pairs
+        except _native.SliceError as exc:
+            errors = exc.errors
+        # One bad object must not hide the good ones (we would publish duplicates): the error
+        # names every bad one, the rest are prepared in one more call.
+        for i, message in errors:
+            self._unreadable.add(missing[i][0])
+            log.error("observed ResourceSlice not understood", name=missing[i][0][0], error=message)
+        bad = {i for i, _ in errors}
+        good = [m for i, m in enumerate(missing) if i not in bad]
+        return list(zip(good, _native.prepare_observed([m[2] for m in good]), strict=True))

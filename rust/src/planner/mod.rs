@@ -8,12 +8,11 @@ pub mod semantic;
 
 use std::sync::Arc;
 
-use pyo3::call::PyCallArgs;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::pybacked::PyBackedBytes;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyType};
+
+use crate::pytypes::{slice_error, slice_error_of, NamedTuple};
 
 type UpdateTuple = (usize, usize, String, String);
 type DeleteTuple = (usize, String, String, String);
@@ -24,51 +23,6 @@ type PlanTuple = (
     Vec<usize>,
     Vec<DeleteTuple>,
 );
-
-/// A `collections.namedtuple` class of this module: plan results are tuples (callers may unpack
-/// or compare them as such) whose fields also have names.
-struct NamedTuple {
-    name: &'static str,
-    fields: &'static [&'static str],
-    doc: &'static str,
-    class: PyOnceLock<Py<PyType>>,
-}
-
-impl NamedTuple {
-    const fn new(name: &'static str, fields: &'static [&'static str], doc: &'static str) -> Self {
-        NamedTuple {
-            name,
-            fields,
-            doc,
-            class: PyOnceLock::new(),
-        }
-    }
-
-    fn class<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyType>> {
-        self.class
-            .get_or_try_init(py, || {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("module", "nodeagent._native")?;
-                let class = py
-                    .import("collections")?
-                    .getattr("namedtuple")?
-                    .call((self.name, self.fields.to_vec()), Some(&kwargs))?
-                    .cast_into::<PyType>()?;
-                class.setattr("__doc__", self.doc)?;
-                Ok(class.unbind())
-            })
-            .map(|c| c.bind(py))
-    }
-
-    /// An instance from the field values, in field order.
-    fn make<'py>(
-        &self,
-        py: Python<'py>,
-        values: impl PyCallArgs<'py>,
-    ) -> PyResult<Bound<'py, PyAny>> {
-        self.class(py)?.call1(values)
-    }
-}
 
 static PLAN_UPDATE: NamedTuple = NamedTuple::new(
     "PlanUpdate",
@@ -172,35 +126,56 @@ impl PreparedDesired {
     }
 }
 
-/// Decodes and canonicalizes desired slice specs; ValueError naming the first invalid one.
-#[pyfunction]
-fn prepare_desired(py: Python<'_>, specs: Vec<PyBackedBytes>) -> PyResult<Vec<PreparedDesired>> {
+/// Decodes and canonicalizes each slice; on failure, every bad one (index, message).
+fn prepare_each<T>(
+    py: Python<'_>,
+    items: &[PyBackedBytes],
+    parse: impl Fn(usize, &[u8]) -> Result<T, String> + Send + Sync,
+) -> PyResult<Vec<Arc<T>>>
+where
+    T: Send + Sync,
+{
     py.detach(|| {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(i, b)| plan::parse_desired(i, b).map(|d| PreparedDesired { inner: Arc::new(d) }))
-            .collect::<Result<Vec<_>, _>>()
+        let mut good = Vec::with_capacity(items.len());
+        let mut bad = Vec::new();
+        for (i, b) in items.iter().enumerate() {
+            match parse(i, b) {
+                Ok(v) => good.push(Arc::new(v)),
+                Err(e) => bad.push((i, e)),
+            }
+        }
+        if bad.is_empty() {
+            Ok(good)
+        } else {
+            Err(bad)
+        }
     })
-    .map_err(PyValueError::new_err)
+    .map_err(|bad| slice_error_of(py, bad))
 }
 
-/// Decodes and canonicalizes observed slices; ValueError naming the first invalid one.
+/// Decodes and canonicalizes desired slice specs; SliceError (a ValueError) naming every
+/// invalid one.
+#[pyfunction]
+fn prepare_desired(py: Python<'_>, specs: Vec<PyBackedBytes>) -> PyResult<Vec<PreparedDesired>> {
+    let out = prepare_each(py, &specs, plan::parse_desired)?;
+    Ok(out
+        .into_iter()
+        .map(|inner| PreparedDesired { inner })
+        .collect())
+}
+
+/// Decodes and canonicalizes observed slices; SliceError (a ValueError) naming every invalid
+/// one, so that the caller can set those aside and prepare the rest in one more call.
 #[pyfunction]
 fn prepare_observed(
     py: Python<'_>,
     objects: Vec<PyBackedBytes>,
 ) -> PyResult<Vec<PreparedObserved>> {
-    py.detach(|| {
-        objects
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                plan::parse_observed(i, b).map(|o| PreparedObserved { inner: Arc::new(o) })
-            })
-            .collect::<Result<Vec<_>, _>>()
-    })
-    .map_err(PyValueError::new_err)
+    let out = prepare_each(py, &objects, plan::parse_observed)?;
+    Ok(out
+        .into_iter()
+        .map(|inner| PreparedObserved { inner })
+        .collect())
 }
 
 fn check_pools(d: &[impl std::borrow::Borrow<plan::Desired>]) -> Result<(), String> {
@@ -297,5 +272,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     for t in [&POOL_PLAN, &PLAN_UPDATE, &PLAN_DELETE] {
         m.add(t.name, t.class(m.py())?)?;
     }
+    m.add("SliceError", slice_error(m.py())?)?;
     Ok(())
 }

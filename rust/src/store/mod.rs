@@ -11,12 +11,35 @@ use std::sync::{Mutex, MutexGuard};
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyTuple};
+use pyo3::types::PyBytes;
 use rustc_hash::FxHashMap;
 
 use table::{make_key, split_key, DeltaKind, Table, Verdict};
 
-type WatchErrorTuple = (i64, String, String);
+use crate::pytypes::{IntEnum, NamedTuple};
+
+static WATCH_FEED: NamedTuple = NamedTuple::new(
+    "WatchFeed",
+    &["resource_version", "error", "events", "malformed"],
+    "What one `Store.feed` took in: the newest resourceVersion (None if none), the first ERROR \
+     event (a WatchError, or None), the events applied, the messages of malformed events.",
+);
+static WATCH_ERROR: NamedTuple = NamedTuple::new(
+    "WatchError",
+    &["code", "reason", "message"],
+    "An ERROR watch event's Status: code, reason, message.",
+);
+static DELTA: NamedTuple = NamedTuple::new(
+    "Delta",
+    &["kind", "namespace", "name", "resource_version", "raw"],
+    "One coalesced change of `Store.drain`: its kind (a DeltaKind), the object's namespace, \
+     name and resourceVersion, and its raw JSON (None for a delete).",
+);
+static DELTA_KIND: IntEnum = IntEnum::new(
+    "DeltaKind",
+    &[("ADD", 0), ("UPDATE", 1), ("DELETE", 2)],
+    "The kind of a Delta (an int: 0 add, 1 update, 2 delete).",
+);
 
 /// The watch store of one query. Thread-safe: heavy calls release the GIL, so Trio may run them
 /// in a worker thread while the event loop keeps going.
@@ -42,21 +65,16 @@ impl Store {
         }
     }
 
-    /// Ingests raw watch bytes (newline-delimited events, split anywhere).
-    /// Returns (newest resourceVersion or None, (code, reason, message) of the first ERROR
-    /// event or None, events applied, [messages of malformed events]).
-    fn feed(
-        &self,
-        py: Python<'_>,
-        chunk: &[u8],
-    ) -> (Option<String>, Option<WatchErrorTuple>, usize, Vec<String>) {
+    /// Ingests raw watch bytes (newline-delimited events, split anywhere). Returns a
+    /// WatchFeed (newest resourceVersion or None, the first ERROR event as a WatchError or None,
+    /// events applied, [messages of malformed events]).
+    fn feed<'py>(&self, py: Python<'py>, chunk: &[u8]) -> PyResult<Bound<'py, PyAny>> {
         let out = py.detach(|| self.lock().feed(chunk));
-        (
-            out.resource_version,
-            out.error.map(|s| (s.code, s.reason, s.message)),
-            out.events,
-            out.malformed,
-        )
+        let error = match out.error {
+            Some(s) => Some(WATCH_ERROR.make(py, (s.code, s.reason, s.message))?),
+            None => None,
+        };
+        WATCH_FEED.make(py, (out.resource_version, error, out.events, out.malformed))
     }
 
     /// The connection ended: a buffered partial line will never be completed.
@@ -111,9 +129,9 @@ impl Store {
         self.lock().pending()
     }
 
-    /// Returns the coalesced deltas since the last drain as a list of
-    /// (kind, namespace, name, resourceVersion, raw bytes or None); kind 0=add, 1=update,
-    /// 2=delete. An object deleted and re-created under the same name (another uid) since the
+    /// Returns the coalesced deltas since the last drain as a list of Delta
+    /// (kind, namespace, name, resourceVersion, raw bytes or None); kind a DeltaKind (an int:
+    /// 0=add, 1=update, 2=delete). An object deleted and re-created under the same name (another uid) since the
     /// last drain gives a delete (of the one shown) immediately followed by an add. `accept(namespace, name, raw)` is called only for added or changed objects
     /// and answers True (show), False (exclude) or None (reject: keep showing the last good
     /// version). If `accept` raises, nothing is drained.
@@ -122,7 +140,7 @@ impl Store {
         &self,
         py: Python<'py>,
         accept: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+    ) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let mut table = self.lock();
         let mut verdicts: FxHashMap<String, Verdict> = FxHashMap::default();
         if let Some(accept) = accept {
@@ -147,16 +165,8 @@ impl Store {
                 DeltaKind::Delete => None,
                 _ => table.get(&key).map(|b| PyBytes::new(py, b)),
             };
-            out.push(PyTuple::new(
-                py,
-                [
-                    (kind as u8).into_pyobject(py)?.into_any(),
-                    ns.into_pyobject(py)?.into_any(),
-                    name.into_pyobject(py)?.into_any(),
-                    rv.into_pyobject(py)?.into_any(),
-                    raw.into_pyobject(py)?.into_any(),
-                ],
-            )?);
+            let kind = DELTA_KIND.member(py, kind as u8)?;
+            out.push(DELTA.make(py, (kind, ns, name, rv, raw))?);
         }
         Ok(out)
     }
@@ -193,4 +203,12 @@ impl Store {
     fn __len__(&self) -> usize {
         self.lock().len()
     }
+}
+
+pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    for t in [&WATCH_FEED, &WATCH_ERROR, &DELTA] {
+        m.add(t.name, t.class(m.py())?)?;
+    }
+    m.add(DELTA_KIND.name, DELTA_KIND.class(m.py())?)?;
+    Ok(())
 }
