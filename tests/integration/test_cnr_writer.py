@@ -192,7 +192,8 @@ async def test_bad_field_skipped_others_land_and_event_names_it(admin_client: Ku
                 msgs = [
                     e["message"]
                     for e in events.items
-                    if e["involvedObject"]["name"] == node and e["reason"] == "ReporterFieldSkipped"
+                    if e["involvedObject"].get("name") == node
+                    and e["reason"] == "ReporterFieldSkipped"
                 ]
                 if msgs:
                     break

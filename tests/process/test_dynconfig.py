@@ -90,7 +90,7 @@ def _events(apiserver: ApiServer, node: str) -> list[dict[str, Any]]:
     async def get(admin: KubeClient) -> list[dict[str, Any]]:
         listed = await admin.list(CORE_EVENTS, "default")
         items = [msgspec.json.decode(item) for item in listed.items]
-        return [e for e in items if e["involvedObject"]["name"] == node]
+        return [e for e in items if e["involvedObject"].get("name") == node]
 
     result: list[dict[str, Any]] = _admin(apiserver, get)
     return result
