@@ -18,7 +18,6 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.core.k8s import parse_quantity
 from nodeagent.resources import device_fields, model
 from nodeagent.resources.model import (
     CapacityRequestPolicy,
@@ -37,6 +36,7 @@ from nodeagent.resources.model import (
     Pool,
 )
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
+from tests.support.quantity import parse_quantity
 
 pytestmark = pytest.mark.integration
 

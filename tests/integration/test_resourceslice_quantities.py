@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import _native
-from nodeagent.core.k8s import QuantityError, canonicalize
 from nodeagent.resources.model import (
     Counter,
     CounterSet,
@@ -26,6 +25,7 @@ from nodeagent.resources.model import (
     desired_slices,
 )
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
+from tests.support.quantity import QuantityError, canonicalize
 
 pytestmark = pytest.mark.integration
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import trio
 
+from nodeagent._native import quantity_cmp
 from nodeagent.accumulator import Accumulator, ObjectMap, Query
 from nodeagent.core.backoff import Backoff, Jitter
-from nodeagent.core.k8s import QuantityError, parse_quantity
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.wake import Pulse, Wake
 from nodeagent.kube import KubeClient, Resource
@@ -90,8 +90,8 @@ def _same_scalar(a: Any, b: Any, by_value: bool) -> bool:
         if isinstance(a, bool) or isinstance(b, bool):
             return False
         try:
-            return parse_quantity(str(a)).value == parse_quantity(str(b)).value
-        except QuantityError:
+            return quantity_cmp(str(a), str(b)) == 0
+        except ValueError:
             return False
     return False
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nodeagent.core.k8s import canonicalize
+from nodeagent._native import quantity_canonical
 from nodeagent.reporter.model import GroupVersionKind, PlainReport, ReportContent, ReportField
 
 __all__ = [
@@ -170,12 +170,12 @@ def _numa_nodes(root: Path, cpus: tuple[int, ...], memory_kb: int) -> tuple[Numa
 
 
 def _quantity(value: int) -> str:
-    return canonicalize(str(value))
+    return quantity_canonical(str(value))
 
 
 def _memory(value: int) -> str:
     # A binary quantity, as Katalyst's resource.NewQuantity(bytes, BinarySI) prints.
-    return canonicalize(f"{value // 1024}Ki") if value % 1024 == 0 else _quantity(value)
+    return quantity_canonical(f"{value // 1024}Ki") if value % 1024 == 0 else _quantity(value)
 
 
 def node_resource_properties(

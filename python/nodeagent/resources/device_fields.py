@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from nodeagent.core.k8s import canonicalize
+from nodeagent._native import quantity_canonical as canonicalize
 
 if TYPE_CHECKING:
     from nodeagent.resources.model import DeviceCapacity, NodeAllocatableResource

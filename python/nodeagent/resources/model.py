@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import msgspec
 
 from nodeagent import _native
-from nodeagent.core.k8s import canonicalize
+from nodeagent._native import quantity_canonical as canonicalize
 from nodeagent.resources.device_fields import canonical_capacity, canonical_node_allocatable
 
 API_VERSION = "resource.k8s.io/v1"

@@ -18,13 +18,8 @@ from collections.abc import Sequence
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from nodeagent.core.k8s import (
-    QuantityError,
-    is_dns_label,
-    is_label_key,
-    is_qualified_name,
-    parse_quantity,
-)
+from nodeagent.core.k8s import is_dns_label, is_label_key, is_qualified_name
+from tests.support.quantity import QuantityError, parse_quantity
 
 if TYPE_CHECKING:
     from nodeagent.resources.model import (

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from nodeagent.core.k8s import QuantityError, check_quantity_syntax
 from nodeagent.plugins.handler import InvalidMessage
+from tests.support.quantity import QuantityError, check_quantity_syntax
 
 if TYPE_CHECKING:
     from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2

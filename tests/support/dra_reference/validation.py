@@ -6,8 +6,6 @@ the production code until the rules moved to Rust; keep the two in step."""
 from __future__ import annotations
 
 from nodeagent.core.k8s import (
-    QuantityError,
-    canonicalize,
     is_dns_label,
     is_dns_subdomain,
     is_label_key,
@@ -30,6 +28,7 @@ from nodeagent.resources.model import (
     Inventory,
 )
 from tests.support.dra_reference.device_fields import device_field_errors, pool_field_errors
+from tests.support.quantity import QuantityError, canonicalize
 
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
 

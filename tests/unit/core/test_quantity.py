@@ -10,7 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent import _native
-from nodeagent.core.k8s import (
+from nodeagent.plugins.dra_native import validate_inventory_message
+from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from tests.support.quantity import (
     ERR_FORMAT,
     ERR_RANGE,
     ERR_SUFFIX,
@@ -22,9 +25,6 @@ from nodeagent.core.k8s import (
     parse_quantity,
     value_key,
 )
-from nodeagent.plugins.dra_native import validate_inventory_message
-from nodeagent.plugins.handler import InvalidMessage
-from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 EXAMPLES = [
     ("1024Mi", "1Gi"),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nodeagent.core.k8s import canonical, parse_quantity
+from tests.support.quantity import canonical, parse_quantity
 
 __all__ = ["KatalystError", "field_string", "katalyst_merge"]
 

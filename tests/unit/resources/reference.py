@@ -8,7 +8,8 @@ from datetime import datetime, timedelta
 from fractions import Fraction
 from typing import Any
 
-from nodeagent.core.k8s import QuantityError, is_rfc3339, parse_quantity
+from nodeagent.core.k8s import is_rfc3339
+from tests.support.quantity import QuantityError, parse_quantity
 
 Json = Any
 PlanTuple = tuple[
