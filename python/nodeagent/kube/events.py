@@ -121,6 +121,15 @@ class EventRecorder:
         self._wake = Wake()
         # Events posted (created or updated) per reason: what a component shows as its own.
         self.posted: dict[str, int] = {}
+        self._off = False
+
+    def off(self) -> None:
+        """No cluster (standalone): what was and will be recorded is not kept (the log has
+        it), instead of filling the backlog and counting drops."""
+        self._off = True
+        self._series.clear()
+        self._creates.clear()
+        self._updates.clear()
 
     @property
     def _patches(self) -> bool:
@@ -147,6 +156,8 @@ class EventRecorder:
     def record(self, event_type: str, reason: str, message: str) -> None:
         """Queues an Event on the Node (never blocks, never raises; also before the event loop
         runs)."""
+        if self._off:
+            return
         key = (event_type, reason, message[:MESSAGE_LIMIT])
         now, wall = _now(), self._clock()
         series = self._series.get(key)

@@ -356,6 +356,8 @@ class Agent:
                 if client is not None:
                     self.events.attach(client)
                     root.start_soon(self.events.run)
+                else:
+                    self.events.off()
                 await root.start(self.heartbeat.run)
                 if self.config.ops.enabled:
                     await root.start(self.ops.run)

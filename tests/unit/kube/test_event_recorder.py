@@ -193,3 +193,24 @@ def test_events_recorded_before_the_event_loop_runs_are_posted() -> None:
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     (event,) = sink.created
     assert (event["reason"], event["count"]) == ("ConfigRolledBack", 2)
+
+
+def test_a_recorder_turned_off_keeps_nothing() -> None:
+    """Standalone: a dynconfig rollback recorded at boot, and everything after, is neither kept
+    nor counted as dropped."""
+    recorder = EventRecorder("node-a", backlog=1)
+    recorder.warn("ConfigRolledBack", "rolled back at start")
+    recorder.off()
+    dropped = count("dropped")
+    for message in "abc":
+        recorder.warn("R", message)
+    assert count("dropped") == dropped
+    sink = Sink()
+
+    async def main() -> None:
+        recorder.attach(sink)
+        async with running(recorder):
+            await trio.testing.wait_all_tasks_blocked()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert sink.created == []
