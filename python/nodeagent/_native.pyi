@@ -214,14 +214,20 @@ def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserve
 
 # --- plugin inventories (rust/src/inventory; called by nodeagent.resources.convert and model) ---
 
-def inventory_native(driver: str, message: bytes, max_string: int) -> tuple[bytes, list[str]]:
+# (the inventory's JSON without the pools' devices, per pool its devices as JSON arrays of at
+# most 128 devices): msgspec decodes each batch on its own (short GIL holds in a worker thread).
+_InventoryJson = tuple[bytes, list[list[bytes]]]
+
+def inventory_native(
+    driver: str, message: bytes, max_string: int
+) -> tuple[_InventoryJson, list[str]]:
     """(inventory JSON for msgspec, broken v1 rules) of a native `Inventory` message's wire
     bytes; `max_string`: the byte limit of string and version attributes. Releases the GIL;
     ValueError for bytes that are not such a message."""
 
 def inventory_seed(
     driver: str, pool: str, message: bytes, max_string: int
-) -> tuple[bytes, list[tuple[str, str | None, str]], list[str]]:
+) -> tuple[_InventoryJson, list[tuple[str, str | None, str]], list[str]]:
     """(inventory JSON, rejected (device, attribute or None for the whole device, rule), broken
     v1 rules) of a seed `NodeListAndWatchResourcesResponse`'s wire bytes as one pool `pool`.
     Releases the GIL."""

@@ -349,6 +349,48 @@ fn pool(out: &mut String, p: &Pool) {
     o.end();
 }
 
+/// The inventory as JSON without the pools' devices, and per pool its devices as JSON arrays
+/// of at most `batch` devices: decoded one batch at a time, no single decode holds the GIL
+/// long (a worker thread decoding hands the event loop the GIL between batches).
+pub fn to_json_split(inv: &Inventory, batch: usize) -> (String, Vec<Vec<String>>) {
+    let head = Inventory {
+        driver: inv.driver.clone(),
+        pools: inv
+            .pools
+            .iter()
+            .map(|p| Pool {
+                devices: Vec::new(),
+                shared_counters: p.shared_counters.clone(),
+                partition_type_attribute: p.partition_type_attribute.clone(),
+                skip_node_operations: p.skip_node_operations.clone(),
+                name: p.name.clone(),
+            })
+            .collect(),
+    };
+    let devices = inv
+        .pools
+        .iter()
+        .map(|p| {
+            p.devices
+                .chunks(batch.max(1))
+                .map(|chunk| {
+                    let mut out = String::with_capacity(chunk.len() * 512);
+                    out.push('[');
+                    for (i, d) in chunk.iter().enumerate() {
+                        if i > 0 {
+                            out.push(',');
+                        }
+                        device(&mut out, d);
+                    }
+                    out.push(']');
+                    out
+                })
+                .collect()
+        })
+        .collect();
+    (to_json(&head, 0), devices)
+}
+
 /// The inventory as JSON for `msgspec.json.decode(..., type=Inventory)`.
 pub fn to_json(inv: &Inventory, size_hint: usize) -> String {
     let mut out = String::with_capacity(256 + size_hint);
