@@ -163,6 +163,39 @@ class _GuestBridge(GrpcBridge):
     def _to_trio(self, fn: Callable[..., object], *args: Any) -> None:
         fn(*args)
 
+    def _inbox(self) -> bridge_module._Inbox:
+        return _CallbackInbox(self)
+
+
+class _CallbackInbox(bridge_module._Inbox):
+    """The guest prototype's stream hand-over: the consumer parks on a Trio Event that the pump
+    sets through `_to_trio` (a plain call here: one thread), not on the thread bridge's eventfd
+    (which in guest mode would go through Trio's I/O thread and back)."""
+
+    def __init__(self, bridge: GrpcBridge) -> None:
+        super().__init__(bridge)
+        self._waiter: trio.Event | None = None
+
+    def push(self, item: Any, *, last: bool = False) -> asyncio.Future[None] | None:
+        self._items.append(item)
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            self._bridge._to_trio(waiter.set)
+        if not last and len(self._items) >= bridge_module._STREAM_BUFFER:
+            room = self._room = asyncio.get_running_loop().create_future()
+            return room
+        return None
+
+    async def get(self) -> Any:
+        while not self._items:
+            waiter = self._waiter = trio.Event()
+            await waiter.wait()
+        item = self._items.popleft()
+        if self._room is not None and len(self._items) <= bridge_module._STREAM_BUFFER // 2:
+            room, self._room = self._room, None
+            self._bridge._to_loop(bridge_module._resolve, room)
+        return item
+
 
 @contextlib.asynccontextmanager
 async def _open_guest_bridge() -> AsyncIterator[GrpcBridge]:

@@ -180,6 +180,10 @@ class StreamingHandler(ABC, Generic[M]):
         self.messages_skipped = 0  # messages superseded before being processed, ever
         # Bumped on every change visible in plugin_status(), so callers can wait for one.
         self.changes: LatestValue[None] = LatestValue(None)
+        # The per-message counters' children, looked up once (a labels() call per message is a
+        # lock and a dict lookup on the plugin path).
+        self._messages_total = metrics.MESSAGES.labels(type=self.plugin_type)
+        self._skipped_total = metrics.MESSAGES_SKIPPED.labels(type=self.plugin_type)
 
     # -- what a plugin type defines --------------------------------------------------------
 
@@ -547,7 +551,7 @@ class StreamingHandler(ABC, Generic[M]):
             if pending.put(message):
                 entry.skipped += 1
                 self.messages_skipped += 1
-                metrics.MESSAGES_SKIPPED.labels(type=self.plugin_type).inc()
+                self._skipped_total.inc()
 
     async def _process_loop(
         self,
@@ -613,7 +617,7 @@ class StreamingHandler(ABC, Generic[M]):
         self.messages_received += 1
         entry.last_message = message
         entry.last_message_time = time.time()
-        metrics.MESSAGES.labels(type=self.plugin_type).inc()
+        self._messages_total.inc()
         self._publish(entry)
 
     def _reject(self, entry: _Entry, name: str, exc: Exception, kind: str) -> None:

@@ -226,7 +226,7 @@ class ReporterHandler(StreamingHandler["api_pb2.GetReportContentResponse"]):
         self.messages_received += 1
         entry.last_message = message
         entry.last_message_time = time.time()
-        metrics.MESSAGES.labels(type=self.plugin_type).inc()
+        self._messages_total.inc()
         self._publish(entry)
 
 
