@@ -76,7 +76,7 @@ fn inventory_seed<'py>(
                 let (inv, rejected) = rules::from_seed(&driver, &pool, instances, max_string);
                 let rejected = rejected
                     .into_iter()
-                    .map(|r| (r.device, r.attribute, r.rule))
+                    .map(|r| (r.device.into(), r.attribute.map(String::from), r.rule))
                     .collect::<Vec<_>>();
                 (
                     model::to_json_split(&inv, BATCH),

@@ -5,14 +5,18 @@ use std::fmt::Write;
 
 use crate::json::Scanner;
 
-pub type Map<T> = Vec<(String, T)>;
+/// Inline up to 24 bytes: the names and values of attributes are short, and an inventory holds
+/// tens of thousands of them (no allocation each).
+pub type Str = compact_str::CompactString;
+
+pub type Map<T> = Vec<(Str, T)>;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Attribute {
     pub int: Option<i64>,
     pub bool_: Option<bool>,
-    pub string: Option<String>,
-    pub version: Option<String>,
+    pub string: Option<Str>,
+    pub version: Option<Str>,
 }
 
 impl Attribute {
@@ -26,59 +30,59 @@ impl Attribute {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Range {
-    pub min: Option<String>,
-    pub max: Option<String>,
-    pub step: Option<String>,
+    pub min: Option<Str>,
+    pub max: Option<Str>,
+    pub step: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Policy {
-    pub default: Option<String>,
-    pub valid_values: Vec<String>,
+    pub default: Option<Str>,
+    pub valid_values: Vec<Str>,
     pub valid_range: Option<Range>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Capacity {
-    pub value: String,
+    pub value: Str,
     pub request_policy: Option<Policy>,
 }
 
 /// Counter name -> quantity.
-pub type Counters = Map<String>;
+pub type Counters = Map<Str>;
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct CounterSet {
-    pub name: String,
+    pub name: Str,
     pub counters: Counters,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Consumption {
-    pub counter_set: String,
+    pub counter_set: Str,
     pub counters: Counters,
-    pub compatibility_groups: Vec<String>,
+    pub compatibility_groups: Vec<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Taint {
-    pub key: String,
-    pub value: String,
-    pub effect: String,
-    pub time_added: Option<String>,
+    pub key: Str,
+    pub value: Str,
+    pub effect: Str,
+    pub time_added: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Mapping {
-    pub capacity_key: Option<String>,
-    pub capacity_multiplier: Option<String>,
-    pub device_multiplier: Option<String>,
+    pub capacity_key: Option<Str>,
+    pub capacity_multiplier: Option<Str>,
+    pub device_multiplier: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Overhead {
-    pub per_pod: Option<String>,
-    pub per_container: Option<String>,
+    pub per_pod: Option<Str>,
+    pub per_container: Option<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -89,30 +93,30 @@ pub struct NodeAllocatable {
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Device {
-    pub name: String,
+    pub name: Str,
     pub attributes: Map<Attribute>,
     pub capacity: Map<Capacity>,
     pub consumes_counters: Vec<Consumption>,
     pub taints: Vec<Taint>,
     pub binds_to_node: Option<bool>,
-    pub binding_conditions: Vec<String>,
-    pub binding_failure_conditions: Vec<String>,
+    pub binding_conditions: Vec<Str>,
+    pub binding_failure_conditions: Vec<Str>,
     pub allow_multiple_allocations: Option<bool>,
     pub node_allocatable_resources: Map<NodeAllocatable>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Pool {
-    pub name: String,
+    pub name: Str,
     pub devices: Vec<Device>,
     pub shared_counters: Vec<CounterSet>,
-    pub partition_type_attribute: Option<String>,
-    pub skip_node_operations: Vec<String>,
+    pub partition_type_attribute: Option<Str>,
+    pub skip_node_operations: Vec<Str>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Inventory {
-    pub driver: String,
+    pub driver: Str,
     pub pools: Vec<Pool>,
 }
 
@@ -167,12 +171,12 @@ impl<'a> Obj<'a> {
         let out = self.key(k);
         string(out, v);
     }
-    fn opt(&mut self, k: &str, v: &Option<String>) {
+    fn opt(&mut self, k: &str, v: &Option<Str>) {
         if let Some(v) = v {
             self.str(k, v);
         }
     }
-    fn strs(&mut self, k: &str, v: &[String]) {
+    fn strs(&mut self, k: &str, v: &[Str]) {
         if v.is_empty() {
             return;
         }
@@ -230,9 +234,7 @@ impl<'a> Obj<'a> {
     }
 }
 
-// The map writer's callback takes `&T` of `Map<T>`, here `Map<String>`.
-#[allow(clippy::ptr_arg)]
-fn counter(out: &mut String, v: &String) {
+fn counter(out: &mut String, v: &Str) {
     let mut o = Obj::new(out);
     o.str("value", v);
     o.end();
@@ -500,26 +502,30 @@ fn parse(sc: &mut Scanner<'_>, depth: usize) -> crate::json::Result<Value> {
     })
 }
 
-fn s(v: &Value, k: &str) -> String {
-    v.get(k).str().unwrap_or_default().to_owned()
+fn s(v: &Value, k: &str) -> Str {
+    v.get(k).str().unwrap_or_default().into()
 }
 
-fn os(v: &Value, k: &str) -> Option<String> {
-    v.get(k).str().map(str::to_owned)
+fn os(v: &Value, k: &str) -> Option<Str> {
+    v.get(k).str().map(Str::from)
 }
 
-fn strs(v: &Value, k: &str) -> Vec<String> {
+fn strs(v: &Value, k: &str) -> Vec<Str> {
     v.get(k)
         .arr()
         .iter()
-        .filter_map(|x| x.str().map(str::to_owned))
+        .filter_map(|x| x.str().map(Str::from))
         .collect()
 }
 
 fn map<T>(v: &Value, k: &str, f: impl Fn(&Value) -> T) -> Map<T> {
     v.get(k)
         .obj()
-        .map(|o| o.iter().map(|(k, x)| (k.clone(), f(x))).collect())
+        .map(|o| {
+            o.iter()
+                .map(|(k, x)| (Str::from(k.as_str()), f(x)))
+                .collect()
+        })
         .unwrap_or_default()
 }
 

@@ -462,8 +462,8 @@ fn binding_errors(d: &Device) -> Vec<String> {
             }
         }
     }
-    let failures: HashSet<&String> = d.binding_failure_conditions.iter().collect();
-    let mut overlap: Vec<&String> = d
+    let failures: HashSet<&Str> = d.binding_failure_conditions.iter().collect();
+    let mut overlap: Vec<&Str> = d
         .binding_conditions
         .iter()
         .filter(|c| failures.contains(c))
@@ -483,7 +483,7 @@ fn binding_errors(d: &Device) -> Vec<String> {
     errors
 }
 
-fn positive(at: &str, text: &Option<String>, errors: &mut Vec<String>, zero_ok: bool) {
+fn positive(at: &str, text: &Option<Str>, errors: &mut Vec<String>, zero_ok: bool) {
     let Some(text) = text else { return };
     if let Some(v) = q(at, text, errors) {
         if if zero_ok { v < 0 } else { v <= 0 } {
@@ -697,7 +697,7 @@ fn syntax(at: &str, value: &str) -> Result<(), String> {
     }
 }
 
-fn opt_syntax(at: &str, value: &Option<String>) -> Result<(), String> {
+fn opt_syntax(at: &str, value: &Option<Str>) -> Result<(), String> {
     value.as_ref().map_or(Ok(()), |v| syntax(at, v))
 }
 
@@ -717,7 +717,7 @@ fn message_counters(at: &str, counters: &Counters) -> Result<(), String> {
     Ok(())
 }
 
-fn message_device(at: &str, d: &Device, seen: &mut HashSet<String>) -> Result<(), String> {
+fn message_device(at: &str, d: &Device, seen: &mut HashSet<Str>) -> Result<(), String> {
     if d.name.is_empty() {
         return Err(format!("{at}.name: must not be empty"));
     }
@@ -864,8 +864,8 @@ pub fn check_message(inv: &Inventory) -> Result<(), String> {
 
 /// Part of a seed message left out: one attribute, or (attribute None) one whole device.
 pub struct Rejection {
-    pub device: String,
-    pub attribute: Option<String>,
+    pub device: Str,
+    pub attribute: Option<Str>,
     pub rule: String,
 }
 
@@ -984,7 +984,7 @@ pub fn from_seed(
         }
         used.insert(name.clone());
         let mut d = Device {
-            name,
+            name: name.into(),
             ..Default::default()
         };
         for a in inst.attributes {
@@ -1012,14 +1012,14 @@ pub fn from_seed(
         Vec::new()
     } else {
         vec![Pool {
-            name: pool_name.to_owned(),
+            name: pool_name.into(),
             devices,
             ..Default::default()
         }]
     };
     (
         Inventory {
-            driver: driver.to_owned(),
+            driver: driver.into(),
             pools,
         },
         rejections,

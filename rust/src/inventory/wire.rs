@@ -86,14 +86,14 @@ impl<'a> Reader<'a> {
     }
 }
 
-fn text(b: &[u8]) -> Result<String> {
+fn text(b: &[u8]) -> Result<Str> {
     match std::str::from_utf8(b) {
-        Ok(s) => Ok(s.to_owned()),
+        Ok(s) => Ok(Str::from(s)),
         Err(_) => Err("invalid UTF-8 in a string field"),
     }
 }
 
-fn opt(s: String) -> Option<String> {
+fn opt(s: Str) -> Option<Str> {
     (!s.is_empty()).then_some(s)
 }
 
@@ -107,8 +107,8 @@ fn fields<'a>(buf: &'a [u8], mut f: impl FnMut(u64, Field<'a>) -> Result<()>) ->
 }
 
 /// A map entry (key 1, value 2) whose value is a message; a missing value is the default one.
-fn entry<T: Default>(b: &[u8], value: impl Fn(&[u8]) -> Result<T>) -> Result<(String, T)> {
-    let mut key = String::new();
+fn entry<T: Default>(b: &[u8], value: impl Fn(&[u8]) -> Result<T>) -> Result<(Str, T)> {
+    let mut key = Str::default();
     let mut val = None;
     fields(b, |n, f| {
         match (n, f) {
@@ -124,11 +124,11 @@ fn entry<T: Default>(b: &[u8], value: impl Fn(&[u8]) -> Result<T>) -> Result<(St
 /// Adds a map entry. The bytes are `SerializeToString()` of a message object, whose maps hold
 /// each key once: no look-up for an earlier entry of the same key (a measurable share of the
 /// decoding of an inventory's attributes).
-fn put<T>(map: &mut Map<T>, entry: (String, T)) {
+fn put<T>(map: &mut Map<T>, entry: (Str, T)) {
     map.push(entry);
 }
 
-fn strings_field(b: &[u8], names: &mut [(u64, &mut String)]) -> Result<()> {
+fn strings_field(b: &[u8], names: &mut [(u64, &mut Str)]) -> Result<()> {
     fields(b, |n, f| {
         if let Field::Bytes(b) = f {
             if let Some((_, s)) = names.iter_mut().find(|(k, _)| *k == n) {
@@ -139,8 +139,8 @@ fn strings_field(b: &[u8], names: &mut [(u64, &mut String)]) -> Result<()> {
     })
 }
 
-fn counter(b: &[u8]) -> Result<String> {
-    let mut v = String::new();
+fn counter(b: &[u8]) -> Result<Str> {
+    let mut v = Str::default();
     strings_field(b, &mut [(1, &mut v)])?;
     Ok(v)
 }
@@ -182,7 +182,7 @@ fn attribute(b: &[u8]) -> Result<Attribute> {
 }
 
 fn range(b: &[u8]) -> Result<Range> {
-    let (mut min, mut max, mut step) = (String::new(), String::new(), String::new());
+    let (mut min, mut max, mut step) = (Str::default(), Str::default(), Str::default());
     strings_field(b, &mut [(1, &mut min), (2, &mut max), (3, &mut step)])?;
     Ok(Range {
         min: opt(min),
@@ -192,7 +192,7 @@ fn range(b: &[u8]) -> Result<Range> {
 }
 
 fn policy(b: &[u8]) -> Result<Policy> {
-    let mut default = String::new();
+    let mut default = Str::default();
     let mut p = Policy::default();
     fields(b, |n, f| {
         match (n, f) {
@@ -225,7 +225,7 @@ fn node_allocatable(b: &[u8]) -> Result<NodeAllocatable> {
     fields(b, |n, f| {
         match (n, f) {
             (3, Field::Bytes(b)) => {
-                let (mut k, mut cm, mut dm) = (String::new(), String::new(), String::new());
+                let (mut k, mut cm, mut dm) = (Str::default(), Str::default(), Str::default());
                 strings_field(b, &mut [(1, &mut k), (2, &mut cm), (3, &mut dm)])?;
                 r.mapping = Some(Mapping {
                     capacity_key: opt(k),
@@ -234,7 +234,7 @@ fn node_allocatable(b: &[u8]) -> Result<NodeAllocatable> {
                 });
             }
             (4, Field::Bytes(b)) => {
-                let (mut pp, mut pc) = (String::new(), String::new());
+                let (mut pp, mut pc) = (Str::default(), Str::default());
                 strings_field(b, &mut [(1, &mut pp), (2, &mut pc)])?;
                 r.overhead = Some(Overhead {
                     per_pod: opt(pp),
@@ -263,8 +263,12 @@ fn consumption(b: &[u8]) -> Result<Consumption> {
 }
 
 fn taint(b: &[u8]) -> Result<Taint> {
-    let (mut key, mut value, mut effect, mut added) =
-        (String::new(), String::new(), String::new(), String::new());
+    let (mut key, mut value, mut effect, mut added) = (
+        Str::default(),
+        Str::default(),
+        Str::default(),
+        Str::default(),
+    );
     strings_field(
         b,
         &mut [
@@ -322,7 +326,7 @@ fn counter_set(b: &[u8]) -> Result<CounterSet> {
 
 fn pool(b: &[u8]) -> Result<Pool> {
     let mut p = Pool::default();
-    let mut partition = String::new();
+    let mut partition = Str::default();
     fields(b, |n, f| {
         match (n, f) {
             (1, Field::Bytes(b)) => p.name = text(b)?,
@@ -341,7 +345,7 @@ fn pool(b: &[u8]) -> Result<Pool> {
 /// A native `Inventory` message as the inventory of `driver`.
 pub fn native(driver: &str, b: &[u8]) -> Result<Inventory> {
     let mut inv = Inventory {
-        driver: driver.to_owned(),
+        driver: driver.into(),
         pools: Vec::new(),
     };
     fields(b, |n, f| {
@@ -359,12 +363,12 @@ pub fn native(driver: &str, b: &[u8]) -> Result<Inventory> {
 #[derive(Default)]
 pub struct SeedValue {
     pub bool_: Option<bool>,
-    pub string: Option<String>,
-    pub quantity: Option<String>,
+    pub string: Option<Str>,
+    pub quantity: Option<Str>,
     pub int: Option<i64>,
     pub int_slice: bool,
     pub string_slice: bool,
-    pub version: Option<String>,
+    pub version: Option<Str>,
 }
 
 impl SeedValue {
@@ -385,12 +389,12 @@ impl SeedValue {
 }
 
 pub struct SeedAttribute {
-    pub name: String,
+    pub name: Str,
     pub value: SeedValue,
 }
 
 pub struct SeedInstance {
-    pub name: String,
+    pub name: Str,
     pub attributes: Vec<SeedAttribute>,
 }
 
@@ -433,7 +437,7 @@ pub fn seed(b: &[u8]) -> Result<Vec<SeedInstance>> {
                     return Ok(());
                 };
                 let mut i = SeedInstance {
-                    name: String::new(),
+                    name: Str::default(),
                     attributes: Vec::new(),
                 };
                 fields(inst, |n, f| {
@@ -441,7 +445,7 @@ pub fn seed(b: &[u8]) -> Result<Vec<SeedInstance>> {
                         (1, Field::Bytes(b)) => i.name = text(b)?,
                         (2, Field::Bytes(b)) => {
                             let mut a = SeedAttribute {
-                                name: String::new(),
+                                name: Str::default(),
                                 value: SeedValue::default(),
                             };
                             fields(b, |n, f| {
