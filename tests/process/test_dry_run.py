@@ -29,6 +29,7 @@ import trio
 from nodeagent.kube import NODES, RESOURCESLICES, errors
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
+from tests.process.test_cnr_restart_writes_nothing import PLUGIN as REPORTER_PLUGIN
 from tests.process.test_process_resourceslices import (
     DRIVER,
     NODE,
@@ -39,6 +40,7 @@ from tests.process.test_process_resourceslices import (
     until,
 )
 from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
 
 # Every write, at Metadata level: verb, object, user, user agent and the request URI (which
 # carries dryRun=All).
@@ -142,6 +144,16 @@ def audited_writes(apiserver: ApiServer, since: float) -> list[dict[str, Any]]:
     return out
 
 
+def settle(agent: AgentProcess, who: str) -> None:
+    """Until the agent's plugin is registered and its pool synced (a minute: the machine is
+    shared), else fail with what it shows."""
+    try:
+        until(lambda: settled(agent), f"{who} to settle", timeout=60)
+    except AssertionError as exc:
+        views = (agent.get(path)[1] for path in ("/v1/resourceslices", "/v1/writes"))
+        raise AssertionError(f"{exc}: {' '.join(views)}") from None
+
+
 def writes_view(agent: AgentProcess) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(agent.get("/v1/writes")[1])
     return doc
@@ -159,6 +171,10 @@ def start(
         registry,
         "--set",
         f"accumulator.local_write_ttl={LOCAL_WRITE_TTL}",
+        # This VM's MemTotal moves (memory ballooning): a run after another could rightly write
+        # a new CNR status the first did not.
+        "--set",
+        "reporter.system_reporter=false",
         *extra,
     )
     agent.wait_ready()
@@ -191,8 +207,10 @@ def test_a_dry_run_persists_nothing_and_reports_what_a_real_agent_then_writes(
 ) -> None:
     t0 = time.time()
     dry = start(start_agent, apiserver, registry, "--dry-run")
-    until(lambda: settled(dry), "the dry-run agent to settle")
-    view = until(lambda: (v := writes_view(dry))["total"] and v, "the dry run's would-be slice")
+    settle(dry, "the dry-run agent")
+    view = until(
+        lambda: (v := writes_view(dry))["total"] and v, "the dry run's would-be slice", timeout=60
+    )
     assert view["dry_run"] is True
     # Its view holds what it would have written: the pool is synced, not pending forever.
     assert settled(dry) is not None
@@ -243,11 +261,12 @@ def test_a_dry_run_persists_nothing_and_reports_what_a_real_agent_then_writes(
     # A real agent started from the same state makes exactly the writes reported.
     t1 = time.time()
     real = start(start_agent, apiserver, registry)
-    until(lambda: node_slices(apiserver) or None, "the real agent's slice")
-    until(lambda: settled(real), "the real agent to settle")
+    until(lambda: node_slices(apiserver) or None, "the real agent's slice", timeout=60)
+    settle(real, "the real agent")
     until(
         lambda: len(real_writes(apiserver, t1)) >= len(would) or None,
         f"the real agent's {len(would)} writes",
+        timeout=60,
     )
     time.sleep(LOCAL_WRITE_TTL * 2)
     made = audited_writes(apiserver, t1)
@@ -266,10 +285,11 @@ def test_a_dry_run_persists_nothing_and_reports_what_a_real_agent_then_writes(
     canary = start(
         start_agent, apiserver, registry, "--dry-run", "--state-dir", str(real.state_dir)
     )
-    until(lambda: settled(canary), "the canary to settle")
+    settle(canary, "the canary")
     until(
         lambda: metric_sum(canary, "nodeagent_resourceslice_syncs_total", 'result="unchanged"'),
         "the canary to plan the pool",
+        timeout=60,
     )
     time.sleep(LOCAL_WRITE_TTL * 2)
     reported = writes_view(canary)["writes"]
@@ -284,10 +304,11 @@ def test_a_dry_run_persists_nothing_and_reports_what_a_real_agent_then_writes(
     # ... and so it does.
     t3 = time.time()
     again = start(start_agent, apiserver, registry, "--state-dir", str(real.state_dir))
-    until(lambda: settled(again), "the restarted real agent to settle")
+    settle(again, "the restarted real agent")
     until(
         lambda: len(real_writes(apiserver, t3)) >= len(reported) or None,
         f"the restarted real agent's {len(reported)} writes",
+        timeout=60,
     )
     time.sleep(LOCAL_WRITE_TTL * 2)
     assert Counter(made_key(w) for w in real_writes(apiserver, t3)) == Counter(
@@ -295,3 +316,97 @@ def test_a_dry_run_persists_nothing_and_reports_what_a_real_agent_then_writes(
     ), (real_writes(apiserver, t3), reported)
     again.signal(signal.SIGTERM)
     assert again.wait(timeout=15) == 0
+
+
+@pytest.fixture
+def cnr_access(apiserver: ApiServer) -> None:
+    async def install() -> None:
+        async with client_for(apiserver, "admin") as admin, client_for(apiserver, NODE) as node:
+            await install_cnr_crd(admin)
+            await install_cnr_node_access(admin, node, NODE)
+            with suppress(errors.NotFound):
+                await admin.delete(CNR, NODE)
+
+    trio.run(install)
+
+
+@pytest.fixture
+def reporter(registry: str) -> Iterator[None]:
+    """A Katalyst reporter plugin (the SDK, its own process) with one report."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", REPORTER_PLUGIN, "zones", registry],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    yield
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    assert proc.stderr is not None
+    proc.stderr.close()
+
+
+def get_cnr(apiserver: ApiServer) -> dict[str, Any] | None:
+    status, body = apiserver.request("GET", CNR.path(None, NODE))
+    if status == 404:
+        return None
+    assert status == 200, body
+    doc: dict[str, Any] = body
+    return doc
+
+
+def cnr_writes_ok(agent: AgentProcess) -> float:
+    return metric_sum(agent, "nodeagent_cnr_writes_total", 'result="ok"')
+
+
+@pytest.mark.usefixtures("cnr_access", "node", "reporter")
+def test_a_dry_run_cnr_reports_what_a_real_agent_then_writes(
+    apiserver: ApiServer, start_agent: StartAgent, registry: str
+) -> None:
+    """The CNR writer creates the CNR, then applies its status: in a dry run the create
+    stores nothing and the server answers the status write NotFound; the dry run works that
+    one out on the would-be CNR (marked unchecked) instead of failing and retrying."""
+    t0 = time.time()
+    dry = start(start_agent, apiserver, registry, "--dry-run")
+    until(
+        lambda: (
+            "zones" in (json.loads(dry.get("/v1/cnr")[1]).get("plugins") or ())
+            and cnr_writes_ok(dry) >= 2
+        ),
+        "the dry run's CNR writes",
+        timeout=60,
+    )
+    time.sleep(LOCAL_WRITE_TTL * 2)
+    would = writes_view(dry)["writes"]
+    cnr = [w for w in would if w["resource"] == "customnoderesources"]
+    assert cnr[0]["verb"] == "create", would
+    assert [w.get("unchecked", False) for w in cnr] == [False] + [True] * (len(cnr) - 1)
+    # No failure, no retry: the writer's error is clear and nothing more is sent.
+    assert json.loads(dry.get("/v1/cnr")[1])["sync"]["error"] is None
+    sent = audited_writes(apiserver, t0)
+    time.sleep(LOCAL_WRITE_TTL * 2)
+    assert audited_writes(apiserver, t0) == sent
+    assert writes_view(dry)["writes"] == would
+    assert all(w["dry_run"] and w["user_agent"] == DRY_UA for w in sent), sent
+    assert get_cnr(apiserver) is None
+    dry.signal(signal.SIGTERM)
+    assert dry.wait(timeout=15) == 0
+
+    t1 = time.time()
+    real = start(start_agent, apiserver, registry)
+    until(
+        lambda: len(real_writes(apiserver, t1)) >= len(would) or None,
+        f"the real agent's {len(would)} writes",
+        timeout=60,
+    )
+    time.sleep(LOCAL_WRITE_TTL * 2)
+    made = real_writes(apiserver, t1)
+    assert Counter(made_key(w) for w in made) == Counter(reported_key(w) for w in would), (
+        made,
+        would,
+    )
+    stored = get_cnr(apiserver)
+    assert stored is not None
+    unchecked_status = next(op["value"] for w in cnr for op in w["diff"] if op["path"] == "/status")
+    assert stored["status"] == unchecked_status
+    real.signal(signal.SIGTERM)
+    assert real.wait(timeout=15) == 0

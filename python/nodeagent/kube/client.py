@@ -465,9 +465,13 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         content_type: str = _JSON,
         idempotent: bool = True,
+        namespace: str | None = None,
+        name: str = "",
     ) -> tuple[bytes, bool]:
-        """Sends a write: (the answer, whether the server gave it now). In a dry run the very
-        same write made before is answered from memory (see `nodeagent.kube.dryrun`)."""
+        """Sends a write: (the answer, whether the server gave it now and it is still to be
+        recorded). In a dry run the very same write made before is answered from memory, and
+        one to an object only the dry run created is worked out there (see
+        `nodeagent.kube.dryrun`)."""
         dry = self.dry_run
         key = None
         if dry is not None:
@@ -475,16 +479,27 @@ class KubeClient:
             answer = dry.answered(key)
             if answer is not None:
                 return answer, False
-        data = await self.request(
-            method,
-            path,
-            params=params,
-            body=body,
-            content_type=content_type,
-            verb=verb,
-            resource=resource.plural,
-            idempotent=idempotent,
-        )
+        try:
+            data = await self.request(
+                method,
+                path,
+                params=params,
+                body=body,
+                content_type=content_type,
+                verb=verb,
+                resource=resource.plural,
+                idempotent=idempotent,
+            )
+        except errors.NotFound:
+            if dry is None or key is None or not name:
+                raise
+            worked_out = dry.unstored_write(
+                verb, resource, namespace, name, method, body, content_type
+            )
+            if worked_out is None:
+                raise
+            dry.remember(key, worked_out)
+            return worked_out, False
         if dry is not None and key is not None:
             dry.remember(key, data)
         return data, True
@@ -584,7 +599,13 @@ class KubeClient:
                 "(optimistic concurrency); use patch or apply for unconditional writes"
             )
         data, fresh = await self._write(
-            resource, "PUT", resource.path(namespace, meta.name, subresource), body, verb="update"
+            resource,
+            "PUT",
+            resource.path(namespace, meta.name, subresource),
+            body,
+            verb="update",
+            namespace=namespace,
+            name=meta.name,
         )
         if fresh and self.dry_run is not None:
             await self._record("update", resource, namespace, meta.name, data)
@@ -647,6 +668,8 @@ class KubeClient:
             verb="patch",
             # A JSON patch may add to a list: repeating it after a lost answer is not safe.
             idempotent=type != "json",
+            namespace=namespace,
+            name=name,
         )
         if fresh and self.dry_run is not None:
             await self._record("patch", resource, namespace, name, data)
@@ -692,6 +715,8 @@ class KubeClient:
             resource.path(namespace, name),
             _delete_options(uid, resource_version, propagation_policy, grace_period_seconds),
             verb="delete",
+            namespace=namespace,
+            name=name,
         )
         remaining = data if _still_exists(data) else None
         if fresh and self.dry_run is not None:

@@ -66,6 +66,9 @@ class WouldWrite:
     generate_name: str
     diff: tuple[dict[str, Any], ...]
     omitted: int = 0
+    # A write to an object that exists only in this dry run (a would-be create): the server
+    # could not check it; its answer was worked out here (see `DryRun.unstored_write`).
+    unchecked: bool = False
 
     def view(self) -> dict[str, Any]:
         obj: dict[str, Any] = {
@@ -86,6 +89,8 @@ class WouldWrite:
         }
         if self.omitted:
             doc["diff_omitted"] = self.omitted
+        if self.unchecked:
+            doc["unchecked"] = True
         return doc
 
 
@@ -104,6 +109,9 @@ class DryRun:
         self._writes: deque[WouldWrite] = deque(maxlen=keep)
         self._memo: OrderedDict[MemoKey, bytes] = OrderedDict()
         self._memo_size = memo
+        # Objects that exist only in this dry run (created by it), by (resource, ns, name):
+        # what a later write to one of them applies to, as the server answered the create.
+        self._unstored: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
         self.total = 0
         self.repeated = 0
 
@@ -142,6 +150,73 @@ class DryRun:
         new = _decode(would)
         old = _decode(current)
         meta = _meta(new) or _meta(old)
+        if old is None and new is not None and verb != "delete":
+            # The object would exist, but only in this dry run: later writes to it apply here.
+            ns, obj_name = (
+                str(meta.get("namespace") or namespace or ""),
+                str(meta.get("name") or ""),
+            )
+            if obj_name:
+                self._unstored[(resource.plural, ns, obj_name)] = new
+                while len(self._unstored) > self._memo_size:
+                    self._unstored.popitem(last=False)
+        return self._append(verb, resource, namespace, name, new, old)
+
+    def unstored_write(
+        self,
+        verb: str,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        method: str,
+        body: bytes,
+        content_type: str,
+    ) -> bytes | None:
+        """The answer to a write the server refused as NotFound because its object exists only
+        in this dry run (a real agent's create would have made it): worked out here (a PUT
+        is its body; a merge, strategic-merge or apply patch merged onto the would-be object
+        as a JSON merge patch, which for an object of one manager is what the server does)
+        and recorded as unchecked. None when the object is not one this dry run created, or
+        the write cannot be worked out (a JSON patch): the NotFound stands."""
+        key = (resource.plural, namespace or "", name)
+        base = self._unstored.get(key)
+        if base is None:
+            return None
+        if method == "DELETE":
+            del self._unstored[key]
+            self._append("delete", resource, namespace, name, None, base, unchecked=True)
+            return msgspec.json.encode({"apiVersion": "v1", "kind": "Status", "status": "Success"})
+        try:
+            doc = msgspec.json.decode(body)
+        except msgspec.DecodeError:
+            return None
+        if not isinstance(doc, dict):
+            return None  # a JSON patch (a list of operations)
+        if method == "PUT":
+            new = doc
+        elif method == "PATCH" and content_type != "application/json-patch+json":
+            new = merge_patch(base, doc)
+        else:
+            return None
+        new.setdefault("metadata", {}).update(
+            {k: v for k, v in _meta(base).items() if k in SERVER_MANAGED}
+        )
+        self._unstored[key] = new
+        self._append(verb, resource, namespace, name, new, base, unchecked=True)
+        return msgspec.json.encode(new)
+
+    def _append(
+        self,
+        verb: str,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        new: dict[str, Any] | None,
+        old: dict[str, Any] | None,
+        *,
+        unchecked: bool = False,
+    ) -> WouldWrite:
+        meta = _meta(new) or _meta(old)
         ops = diff(_strip(old), _strip(new))
         kept, omitted = _bounded(ops, self.max_diff_bytes)
         self.total += 1
@@ -158,6 +233,7 @@ class DryRun:
             generate_name=str(meta.get("generateName") or ""),
             diff=tuple(kept),
             omitted=omitted,
+            unchecked=unchecked,
         )
         self._writes.append(entry)
         return entry
@@ -213,6 +289,19 @@ def diff(old: Any, new: Any, path: str = "") -> list[dict[str, Any]]:
     if old == new and type(old) is type(new):
         return []
     return [{"op": "replace", "path": path, "value": new}]
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: ``patch`` merged onto ``target`` (null removes a key; a non-object replaces)."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
 
 
 def _escape(key: str) -> str:

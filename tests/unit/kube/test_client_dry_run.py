@@ -15,7 +15,7 @@ import trio.testing
 from nodeagent.core.errors import ConfigError
 from nodeagent.kube import CONFIGMAPS, CORE_EVENTS, ClusterConfig, KubeClient, WriteEvent
 from nodeagent.kube.dryrun import DRY_RUN_WRITES, DryRun, diff
-from nodeagent.kube.errors import Invalid
+from nodeagent.kube.errors import Invalid, NotFound
 from tests.support.fake_http_apiserver import mock_client, status
 
 
@@ -233,6 +233,61 @@ async def test_a_component_rewriting_its_desired_state_does_not_loop(
         {"op": "add", "path": "/metadata", "value": {"name": "node-a.1", "namespace": "default"}},
         {"op": "add", "path": "/reason", "value": "NotReady"},
     )
+
+
+class UnstoredServer(DryServer):
+    """As a dry-run apiserver: a write to an object that does not exist is NotFound (the dry
+    run's own create stored nothing)."""
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        name = request.url.path.rsplit("/", 1)[-1]
+        if request.method in ("PUT", "PATCH", "DELETE") and name not in ("held", "configmaps"):
+            self.requests.append((request.method, request.url.path, dict(request.url.params)))
+            return status(404, "NotFound", f'configmaps "{name}" not found')
+        if request.url.path.endswith("/status"):
+            self.requests.append((request.method, request.url.path, dict(request.url.params)))
+            return status(404, "NotFound", "not found")
+        return await super().__call__(request)
+
+
+async def test_a_write_to_an_object_only_the_dry_run_created_is_worked_out_and_unchecked() -> None:
+    """The CNR writer's create, then its status apply: the server answers the second NotFound
+    (the create stored nothing); the dry run works it out on the would-be object instead of
+    failing (a real agent's would succeed) and says the server could not check it."""
+    server = UnstoredServer()
+    recorder = DryRun()
+    new = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "fresh"}}
+    async with mock_client(server, dry_run=recorder) as client:
+        await client.create(CONFIGMAPS, new, "ns")
+        answer = await client.apply(
+            CONFIGMAPS,
+            {**new, "data": {"k": "v"}},
+            "ns",
+            field_manager="nodeagent",
+            subresource="status",
+        )
+        assert json.loads(answer)["data"] == {"k": "v"}
+        merged = await client.patch(CONFIGMAPS, "fresh", {"data": {"k": None, "j": "w"}}, "ns")
+        assert json.loads(merged)["data"] == {"j": "w"}
+        with pytest.raises(NotFound):  # a JSON patch cannot be worked out here
+            await client.patch(CONFIGMAPS, "fresh", [{"op": "add"}], "ns", type="json")
+        with pytest.raises(NotFound):  # not an object this dry run created
+            await client.patch(CONFIGMAPS, "other", {"data": {}}, "ns")
+        assert await client.delete(CONFIGMAPS, "fresh", "ns") is None
+        with pytest.raises(NotFound):  # gone from the dry run too
+            await client.patch(CONFIGMAPS, "fresh", {"data": {"x": "y"}}, "ns")
+    views = [w.view() for w in recorder.writes]
+    assert [(v["verb"], v.get("unchecked", False)) for v in views] == [
+        ("create", False),
+        ("patch", True),
+        ("patch", True),
+        ("delete", True),
+    ]
+    assert views[1]["diff"] == [{"op": "add", "path": "/data", "value": {"k": "v"}}]
+    assert views[2]["diff"] == [
+        {"op": "add", "path": "/data/j", "value": "w"},
+        {"op": "remove", "path": "/data/k"},
+    ]
 
 
 def test_the_recorder_keeps_the_newest_writes_and_counts_the_older() -> None:
