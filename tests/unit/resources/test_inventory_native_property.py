@@ -372,3 +372,32 @@ def test_the_attribute_string_limit_is_the_models(
     expected = ref_validation.inventory_errors(ref_convert.from_native("drv.example.com", message))
     assert errors == expected
     assert bool(errors) == (limit == 64)
+
+
+def test_devices_decoded_in_batches_keep_their_pools_and_order() -> None:
+    """Rust hands the devices over in batches of 128 (short GIL holds): pools of 0, 1, 128,
+    129 and 300 devices come back whole, in order, and a pool without devices stays empty."""
+    sizes = [0, 1, 128, 129, 300]
+    message = device_pb2.Inventory(
+        pools=[
+            device_pb2.Pool(
+                name=f"pool-{p}",
+                devices=[
+                    device_pb2.Device(
+                        name=f"dev-{k}", attributes={"index": device_pb2.DeviceAttribute(int=k)}
+                    )
+                    for k in range(n)
+                ],
+                shared_counters=[
+                    device_pb2.CounterSet(name="set", counters={"c": device_pb2.Counter(value="1")})
+                ],
+            )
+            for p, n in enumerate(sizes)
+        ]
+    )
+    inventory, errors = convert_native("drv.example.com", message)
+    assert errors == []
+    assert [len(p.devices) for p in inventory.pools] == sizes
+    assert msgspec.json.encode(inventory) == msgspec.json.encode(
+        ref_convert.from_native("drv.example.com", message)
+    )
