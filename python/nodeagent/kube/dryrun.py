@@ -19,6 +19,7 @@ not one per sync, and no request loop.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
@@ -46,6 +47,7 @@ SERVER_MANAGED = frozenset(
     {"uid", "resourceVersion", "generation", "creationTimestamp", "managedFields", "selfLink"}
 )
 
+# (method, path, sorted parameters, the body's SHA-256): a slice's body can be large.
 MemoKey = tuple[str, str, tuple[tuple[str, str], ...], bytes]
 
 
@@ -96,9 +98,17 @@ class WouldWrite:
 
 class DryRun:
     """The bounded record of would-be writes: the newest ``keep`` (older ones only counted),
-    each diff within ``max_diff_bytes`` of JSON, and the last ``memo`` answers by request."""
+    each diff within ``max_diff_bytes`` of JSON, and the last ``memo`` answers by request, at
+    most ``memo_bytes`` of them (the least recently used go first)."""
 
-    def __init__(self, *, keep: int = 200, max_diff_bytes: int = 16384, memo: int = 1024) -> None:
+    def __init__(
+        self,
+        *,
+        keep: int = 200,
+        max_diff_bytes: int = 16384,
+        memo: int = 1024,
+        memo_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
         if keep < 1:
             raise ConfigError("dry run keep", keep, "must be >= 1")
         if max_diff_bytes < 256:
@@ -109,6 +119,8 @@ class DryRun:
         self._writes: deque[WouldWrite] = deque(maxlen=keep)
         self._memo: OrderedDict[MemoKey, bytes] = OrderedDict()
         self._memo_size = memo
+        self._memo_bytes = memo_bytes
+        self._memo_held = 0
         # Objects that exist only in this dry run (created by it), by (resource, ns, name):
         # what a later write to one of them applies to, as the server answered the create.
         self._unstored: OrderedDict[tuple[str, str, str], dict[str, Any]] = OrderedDict()
@@ -119,7 +131,8 @@ class DryRun:
 
     @staticmethod
     def key(method: str, path: str, params: Mapping[str, str] | None, body: bytes) -> MemoKey:
-        return (method, path, tuple(sorted((params or {}).items())), body)
+        digest = hashlib.sha256(body).digest()
+        return (method, path, tuple(sorted((params or {}).items())), digest)
 
     def answered(self, key: MemoKey) -> bytes | None:
         """The server's answer to this very write, if it was made before (counted as a
@@ -131,10 +144,16 @@ class DryRun:
         return answer
 
     def remember(self, key: MemoKey, answer: bytes) -> None:
+        old = self._memo.pop(key, None)
+        if old is not None:
+            self._memo_held -= len(old)
         self._memo[key] = answer
-        self._memo.move_to_end(key)
-        while len(self._memo) > self._memo_size:
-            self._memo.popitem(last=False)
+        self._memo_held += len(answer)
+        while len(self._memo) > self._memo_size or (
+            self._memo_held > self._memo_bytes and len(self._memo) > 1
+        ):
+            _, dropped = self._memo.popitem(last=False)
+            self._memo_held -= len(dropped)
 
     def record(
         self,

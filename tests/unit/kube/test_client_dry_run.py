@@ -324,6 +324,19 @@ def test_the_memo_is_bounded_least_recently_used_first() -> None:
     assert recorder.answered(keys[0]) == b"0" and recorder.answered(keys[2]) == b"2"
 
 
+def test_the_memo_is_bounded_in_bytes_too() -> None:
+    recorder = DryRun(memo_bytes=10)
+    keys = [recorder.key("PUT", "/p", None, bytes([i])) for i in range(3)]
+    recorder.remember(keys[0], b"x" * 6)
+    recorder.remember(keys[1], b"y" * 4)
+    assert recorder.answered(keys[0]) is not None and recorder.answered(keys[1]) is not None
+    recorder.remember(keys[2], b"z" * 3)  # 13 bytes: the least recently used answer goes
+    assert recorder.answered(keys[0]) is None
+    assert recorder.answered(keys[1]) == b"y" * 4 and recorder.answered(keys[2]) == b"z" * 3
+    recorder.remember(keys[0], b"w" * 50)  # larger than the bound alone: kept, alone
+    assert [recorder.answered(k) for k in keys] == [b"w" * 50, None, None]
+
+
 @pytest.mark.parametrize(
     ("field", "kwargs"),
     [("keep", {"keep": 0}), ("max_diff_bytes", {"max_diff_bytes": 10}), ("memo", {"memo": 0})],
