@@ -5,9 +5,10 @@ stream in a supervised task) and deregisters it. Validate, register and deregist
 plugin name run strictly in sequence. The newest message of every plugin of the type is
 published on `StreamingHandler.latest`, a `LatestValue` that a publisher reads.
 
-Several live registrations may share a name (a rolling update starts the new plugin before the
-old one stops). As in the kubelet, the newest registration serves; when it goes, the newest
-remaining one is served again (its stream reopened), so the older plugin is never orphaned.
+Who serves each name (the newest of several live registrations during a rolling update) and
+when a name that left is forgotten is the registration table's (`plugins.registrations`); this
+module supervises the serving registration's stream: when the serving registration changes, the
+stream is reopened on the new one.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
+from nodeagent.plugins.registrations import NameEntry, RegistrationTable
 from nodeagent.plugins.security import PeerRejected, UidCheck, allowed_uids_check, peer_check
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.rpc.errors import MalformedMessage, MessageRejected, MessageTooLarge, RpcError
@@ -110,27 +112,16 @@ class _Stream:
 
 
 @dataclass
-class _Entry:
-    """Everything kept about one plugin name; it outlives streams and registrations."""
+class _Entry(NameEntry):
+    """Everything kept about one plugin name (its registrations: `NameEntry`); it outlives
+    streams and registrations."""
 
-    plugin: PluginEndpoint  # the serving registration, or the last one that served
-    # Live registrations of the name, oldest first; the last one serves.
-    registrations: list[PluginEndpoint] = field(default_factory=list)
-    # Bumped whenever a registration starts serving. A plugin recreated at the same path
-    # registers with the same fields (a PluginEndpoint equal by value), so what was asked of
-    # the serving plugin (a reporter poll) is matched to its answer by this, not by value.
-    serial: int = 0
     stream: _Stream | None = None
     messages: int = 0
     rejected: int = 0
     skipped: int = 0
     last_message: Message | None = None
     last_message_time: float | None = None
-    gone_at: float | None = None  # (Trio clock) when the last registration left
-
-    @property
-    def registered(self) -> bool:
-        return bool(self.registrations)
 
 
 class _Newest(Generic[M]):
@@ -170,10 +161,10 @@ class StreamingHandler(ABC, Generic[M]):
         # Every connection a stream uses is checked: the endpoint may have been replaced since
         # the registration-time check.
         self._connect_check = peer_check(uid_check or allowed_uids_check(settings.allowed_uids))
-        self._entries: dict[str, _Entry] = {}
-        self._locks: dict[str, trio.Lock] = {}
+        self._registrations: RegistrationTable[_Entry] = RegistrationTable(
+            _Entry, settings.deregistered_data_grace
+        )
         self._nursery: trio.Nursery | None = None
-        self._expiry_changed = trio.Event()
         self.latest: LatestValue[Mapping[str, PluginData]] = LatestValue(MappingProxyType({}))
         self._data: dict[str, PluginData] = {}  # what `latest` shows, by plugin name
         self.messages_received = 0  # valid messages over all plugins, ever
@@ -184,6 +175,11 @@ class StreamingHandler(ABC, Generic[M]):
         # lock and a dict lookup on the plugin path).
         self._messages_total = metrics.MESSAGES.labels(type=self.plugin_type)
         self._skipped_total = metrics.MESSAGES_SKIPPED.labels(type=self.plugin_type)
+
+    @property
+    def _entries(self) -> dict[str, _Entry]:
+        """Every plugin name the handler knows, registered or kept for its grace."""
+        return self._registrations.entries
 
     # -- what a plugin type defines --------------------------------------------------------
 
@@ -221,7 +217,7 @@ class StreamingHandler(ABC, Generic[M]):
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
-                await self._expire_loop()
+                await self._registrations.expire(self._forget)
         finally:
             self._nursery = None
             self._forget_registrations()
@@ -234,13 +230,8 @@ class StreamingHandler(ABC, Generic[M]):
     async def register(self, plugin: PluginEndpoint) -> None:
         if self._nursery is None:
             raise RuntimeError(f"{self.plugin_type} handler is not running")
-        async with self._lock(plugin.name):
-            entry = self._entries.get(plugin.name)
-            if entry is None:
-                entry = self._entries[plugin.name] = _Entry(plugin)
-            entry.registrations = [r for r in entry.registrations if r.socket != plugin.socket]
-            entry.registrations.append(plugin)
-            entry.gone_at = None
+        async with self._registrations.lock(plugin.name):
+            entry = self._registrations.add(plugin)
             try:
                 await self._serve(entry, plugin)
             except Exception:
@@ -249,12 +240,11 @@ class StreamingHandler(ABC, Generic[M]):
                 raise
 
     async def deregister(self, plugin: PluginEndpoint) -> None:
-        async with self._lock(plugin.name):
-            entry = self._entries.get(plugin.name)
-            if entry is None:
+        async with self._registrations.lock(plugin.name):
+            removed = self._registrations.remove(plugin)
+            if removed is None:
                 return
-            serving = entry.registered and entry.registrations[-1].socket == plugin.socket
-            entry.registrations = [r for r in entry.registrations if r.socket != plugin.socket]
+            entry, serving = removed
             if not serving:
                 self.changes.set(None)  # a standby registration left: nothing else changes
                 return
@@ -272,8 +262,7 @@ class StreamingHandler(ABC, Generic[M]):
             if entry.stream is not None:
                 await self._stop(entry.stream)
                 entry.stream = None
-            entry.gone_at = trio.current_time()
-            self._expiry_changed.set()
+            self._registrations.left(entry, trio.current_time())
             self._publish(entry)
 
     def plugin_names(self) -> list[str]:
@@ -304,17 +293,13 @@ class StreamingHandler(ABC, Generic[M]):
             ),
         }
 
-    # -- registrations ---------------------------------------------------------------------
-
-    def _lock(self, name: str) -> trio.Lock:
-        return self._locks.setdefault(name, trio.Lock())
+    # -- serving ---------------------------------------------------------------------------
 
     async def _serve(self, entry: _Entry, plugin: PluginEndpoint) -> None:
         """Make `plugin` the one serving its name: the previous stream goes, the data stays
         (until the new stream sends its own)."""
         # Before the first await: nothing started from here on is taken for the previous one's.
-        entry.plugin = plugin
-        entry.serial += 1
+        entry.serve(plugin)
         if entry.stream is not None:
             await self._stop(entry.stream)
             entry.stream = None
@@ -337,34 +322,12 @@ class StreamingHandler(ABC, Generic[M]):
                     entry.stream.cancel.cancel()
                     entry.stream = None
                 entry.registrations = []
-                entry.gone_at = now
+                self._registrations.left(entry, now)
                 self._publish(entry)
-        self._expiry_changed.set()
-
-    async def _expire_loop(self) -> None:
-        """Forget deregistered plugins `deregistered_data_grace` after they left (their last
-        data, their status), as Katalyst drops a stopped endpoint's data after 5 minutes."""
-        grace = self._settings.deregistered_data_grace
-        while True:
-            now = trio.current_time()
-            next_due = math.inf
-            for name, entry in list(self._entries.items()):
-                if entry.gone_at is None:
-                    continue
-                due = entry.gone_at + grace
-                if due > now:
-                    next_due = min(next_due, due)
-                    continue
-                self._forget(name)
-            self._expiry_changed = trio.Event()
-            with trio.move_on_at(next_due):
-                await self._expiry_changed.wait()
 
     def _forget(self, name: str) -> None:
-        del self._entries[name]
-        lock = self._locks.get(name)
-        if lock is not None and not lock.locked() and not lock.statistics().tasks_waiting:
-            del self._locks[name]
+        """A deregistered plugin's grace is over: its last data and status go."""
+        self._registrations.drop(name)
         metrics.DATA_EXPIRED.labels(type=self.plugin_type).inc()
         log.info("deregistered plugin's data forgotten", plugin=name, type=self.plugin_type)
         if self._data.pop(name, None) is not None:
