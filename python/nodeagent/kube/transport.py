@@ -10,6 +10,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import httpx
+import msgspec
 import trio
 
 from nodeagent.core.backoff import Backoff, Jitter
@@ -224,6 +225,10 @@ class Transport:
         verb = verb or method.lower()
         if self.dry_run and method not in _READS:
             params = {**(params or {}), "dryRun": "All"}
+            if method == "DELETE" and body:
+                # A DELETE with a body takes its options from the body alone: the apiserver
+                # then ignores the query's dryRun (and would delete for real).
+                body = _dry_run_delete_options(body)
         # Up to half below each step: clients that failed together do not retry together.
         backoff = Backoff(*self.retry_backoff, jitter=Jitter.below(0.5), random=self.rng.random)
         reauthenticated = False
@@ -353,6 +358,17 @@ async def read_body(resp: httpx.Response) -> bytes:
     parts = [decoder.decode(raw) async for raw in chunks]
     decoder.finish()
     return b"".join(parts)
+
+
+def _dry_run_delete_options(body: bytes) -> bytes:
+    try:
+        options = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        options = None
+    if not isinstance(options, dict):
+        raise ValueError("dry run: a DELETE body must be DeleteOptions (a JSON object)")
+    options["dryRun"] = ["All"]
+    return msgspec.json.encode(options)
 
 
 def _retryable(err: errors.ApiError, idempotent: bool) -> bool:

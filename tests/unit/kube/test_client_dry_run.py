@@ -41,6 +41,7 @@ class DryServer:
         }
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.refuse = False
+        self.dry = True
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         params = dict(request.url.params)
@@ -53,6 +54,10 @@ class DryServer:
         if self.refuse:
             return status(422, "Invalid", "data.a: Invalid value")
         if request.method == "DELETE":
+            # With a body the apiserver reads DeleteOptions from it alone (the query's dryRun
+            # is ignored): the body must say it too.
+            if request.content and self.dry:
+                assert json.loads(request.content)["dryRun"] == ["All"]
             if request.url.path.endswith("/configmaps"):
                 return httpx.Response(
                     200, json={"kind": "ConfigMapList", "items": [self.stored["held"]]}
@@ -127,11 +132,21 @@ async def test_every_write_carries_dry_run_all_and_reads_do_not() -> None:
 
 async def test_a_real_client_sends_no_dry_run() -> None:
     server = DryServer()
+    server.dry = False
     async with mock_client(server) as client:
         assert client.dry_run is None
         await client.update(CONFIGMAPS, _held_update(), "ns")
         await client.delete(CONFIGMAPS, "held", "ns")
     assert all("dryRun" not in p for _, _, p in server.requests)
+
+
+async def test_a_raw_delete_in_a_dry_run_needs_delete_options() -> None:
+    server = DryServer()
+    async with mock_client(server, dry_run=DryRun()) as client:
+        await client.request("DELETE", CONFIGMAPS.path("ns", "held"), body=b'{"kind":"x"}')
+        with pytest.raises(ValueError, match="DeleteOptions"):
+            await client.request("DELETE", CONFIGMAPS.path("ns", "held"), body=b"[1]")
+    assert len(server.writes()) == 1
 
 
 async def test_the_record_names_the_object_and_diffs_it_against_the_cluster() -> None:
