@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,7 +19,9 @@ def store(request: pytest.FixtureRequest) -> Any:
     return Store() if request.param == "rust" else RefStore()
 
 
-def kinds(deltas: list[tuple[int, str, str, str, bytes | None]]) -> list[tuple[int, str, str, str]]:
+def kinds(
+    deltas: Sequence[tuple[int, str, str, str, bytes | None]],
+) -> list[tuple[int, str, str, str]]:
     return sorted((k, ns, n, rv) for k, ns, n, rv, _ in deltas)
 
 
