@@ -84,14 +84,15 @@ async def test_version_is_asked_when_connecting_and_every_tenth_probe_only(
         assert client.paths[-2:] == ["/version", "/readyz"]  # the 10th probe after connecting
         assert cluster.readiness() == (True, "connected (apiserver v1.35.4)")
         client.down = True
-        # Half a second past the failed probes at 330 and 331 (a test waking at 331 exactly
-        # would race the retry due then: Trio runs tasks due together in any order).
+        # Past the failed probe at 330 (its retry is 5-10 s later).
         await trio.sleep(30.5)
         # Unreachable, within agent.apiserver_unreachable_bound: reported, still ready.
         ready, reason = cluster.readiness()
         assert ready and reason.startswith("apiserver unreachable for "), reason
         client.down, client.paths = False, []
-        await trio.sleep(2)  # retried at 333: reconnecting asks the version again
+        # Retried 5-10 s after 330 (connected before: from PROBE_RETRY_CONNECTED, jittered):
+        # reconnecting asks the version again.
+        await trio.sleep(9)
         assert client.paths == ["/version", "/readyz"]
         assert cluster.readiness() == (True, "connected (apiserver v1.35.4)")
         nursery.cancel_scope.cancel()

@@ -166,3 +166,30 @@ async def test_the_probe_resumes_when_a_watch_cannot_reconnect(
         shared.stream_closed()
         await trio.sleep(2.5)
         assert client.paths == ["/version", "/readyz", "/readyz"]
+
+
+async def test_after_an_outage_the_watches_show_the_server_back_without_probing(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 24 s5: retrying the probe from 1 s, a fleet probed its restarting apiserver 3.5
+    # times per agent (/readyz answering 500 until ready); once connected the retries start at
+    # 10 s, and the watches, looked at every second without a request, end the outage sooner.
+    async with agent() as (cluster, client, up):
+        sink = await up.listed(1)
+        shared: Any = sink
+        shared.stream_opened()
+        await trio.sleep(45)
+        client.down = True
+        shared.stream_closed()  # the apiserver crashed
+        await trio.sleep(2.5)
+        assert client.paths == ["/version", "/readyz", "/readyz"]  # the one probe: failed
+        ready, reason = cluster.readiness()
+        assert ready and reason.startswith("apiserver unreachable for "), reason
+        await trio.sleep(2)
+        client.down = False
+        shared.stream_opened()  # the new process accepts the watch, which lists again
+        await up.listed(2)
+        await trio.sleep(1.1)
+        ready, reason = cluster.readiness()
+        assert ready and "watches live" in reason, reason
+        assert client.paths == ["/version", "/readyz", "/readyz"]  # no retry was needed
