@@ -410,3 +410,60 @@ def test_a_dry_run_cnr_reports_what_a_real_agent_then_writes(
     assert stored["status"] == unchecked_status
     real.signal(signal.SIGTERM)
     assert real.wait(timeout=15) == 0
+
+
+def test_a_dry_run_delete_deletes_nothing_and_a_real_agent_then_makes_it(
+    apiserver: ApiServer,
+    node: None,
+    start_agent: StartAgent,
+    registry: str,
+    plugin: subprocess.Popen[str],
+) -> None:
+    """A pool whose plugin is gone, after the start-up grace: the agent deletes its slice. A
+    DELETE takes its options from its body (the query's dryRun alone would be ignored and the
+    slice deleted for real)."""
+    first = start(start_agent, apiserver, registry)
+    (obj,) = until(lambda: node_slices(apiserver) or None, "the plugin's slice", timeout=60)
+    first.signal(signal.SIGTERM)
+    assert first.wait(timeout=15) == 0
+    plugin.send_signal(signal.SIGTERM)
+    plugin.wait(10)
+    no_grace = ("--set", "resources.startup_grace=0", "--state-dir", str(first.state_dir))
+
+    t0 = time.time()
+    dry = start(start_agent, apiserver, registry, "--dry-run", *no_grace)
+    (delete,) = until(
+        lambda: [w for w in writes_view(dry)["writes"] if w["verb"] == "delete"] or None,
+        "the dry run's would-be delete",
+        timeout=60,
+    )
+    assert delete["resource"] == "resourceslices"
+    assert delete["object"]["name"] == obj["metadata"]["name"]
+    assert {"op": "remove", "path": "/spec"} in delete["diff"]
+    time.sleep(LOCAL_WRITE_TTL * 2)
+    would = writes_view(dry)["writes"]
+    sent = audited_writes(apiserver, t0)
+    assert any(w["verb"] == "delete" for w in sent), sent
+    assert all(w["dry_run"] and w["user_agent"] == DRY_UA for w in sent), sent
+    (still,) = node_slices(apiserver)
+    assert still["metadata"]["uid"] == obj["metadata"]["uid"]
+    assert still["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"]
+    dry.signal(signal.SIGTERM)
+    assert dry.wait(timeout=15) == 0
+
+    t1 = time.time()
+    real = start(start_agent, apiserver, registry, *no_grace)
+    until(lambda: not node_slices(apiserver), "the real agent's delete", timeout=60)
+    until(
+        lambda: len(real_writes(apiserver, t1)) >= len(would) or None,
+        f"the real agent's {len(would)} writes",
+        timeout=60,
+    )
+    time.sleep(LOCAL_WRITE_TTL * 2)
+    made = real_writes(apiserver, t1)
+    assert Counter(made_key(w) for w in made) == Counter(reported_key(w) for w in would), (
+        made,
+        would,
+    )
+    real.signal(signal.SIGTERM)
+    assert real.wait(timeout=15) == 0
