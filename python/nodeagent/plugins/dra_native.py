@@ -26,6 +26,9 @@ __all__ = ["validate_inventory_message"]
 
 def validate_inventory_message(message: device_pb2.Inventory) -> None:
     """Raise InvalidMessage naming the first broken rule's field path and value."""
-    error = _native.native_message_error(message.SerializeToString())
+    try:
+        error = _native.native_message_error(message.SerializeToString())
+    except ValueError as exc:
+        raise InvalidMessage(f"message not decodable: {exc}") from None
     if error is not None:
         raise InvalidMessage(error)

@@ -78,11 +78,20 @@ def _inventory(head: bytes, pools: list[list[bytes]]) -> Inventory:
     )
 
 
+def _undecodable(exc: ValueError) -> str:
+    # Strings that are not UTF-8 (proto2 strings reach Python as the bytes that came): the
+    # whole inventory is rejected with the reason, as any broken rule is.
+    return f"message not decodable: {exc}"
+
+
 def convert_native(driver: str, message: device_pb2.Inventory) -> tuple[Inventory, list[str]]:
     """The message as an inventory, and the v1 rules it breaks (empty: it may be published)."""
-    (head, pools), errors = _native.inventory_native(
-        driver, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING
-    )
+    try:
+        (head, pools), errors = _native.inventory_native(
+            driver, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING
+        )
+    except ValueError as exc:
+        return Inventory(driver=driver), [_undecodable(exc)]
     return _inventory(head, pools), errors
 
 
@@ -96,9 +105,12 @@ def convert_seed(
     The first instance of a name wins; a later duplicate (or a name mapping onto one already
     used) is rejected on its own. No instances at all means no pool, hence no slices.
     """
-    (head, pools), rejected, errors = _native.inventory_seed(
-        driver, pool_name, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING
-    )
+    try:
+        (head, pools), rejected, errors = _native.inventory_seed(
+            driver, pool_name, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING
+        )
+    except ValueError as exc:
+        return Inventory(driver=driver), [], [_undecodable(exc)]
     return _inventory(head, pools), [SeedRejection(*r) for r in rejected], errors
 
 
