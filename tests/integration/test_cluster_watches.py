@@ -167,7 +167,6 @@ async def test_ready_through_an_apiserver_crash_restart_and_the_watches_resume(
                         while not acc.update(snap) or len(snap.node) != 1:
                             await acc.changed()
                 await until_watches_live(cluster)
-                probes = requests("get", "readyz", unanswered=True)
                 not_ready: list[str] = []
                 seen_unreachable = False
 
@@ -195,10 +194,10 @@ async def test_ready_through_an_apiserver_crash_restart_and_the_watches_resume(
                         await until_label(acc, snap, value, limit=90)
                     nursery.cancel_scope.cancel()
                 assert not_ready == []
-                # The outage was seen (the watches stopped showing the server: the probe
-                # resumed and failed), and ready again since, probes skipped again.
+                # The outage was seen (the watches could not reconnect: named in the reason
+                # without a probe in step with the fleet's), and ready again since, probes
+                # skipped again.
                 assert seen_unreachable
-                assert requests("get", "readyz", unanswered=True) > probes
                 await until_watches_live(cluster)
     finally:
         await trio.to_thread.run_sync(srv.close)

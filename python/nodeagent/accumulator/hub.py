@@ -319,6 +319,16 @@ class WatchHub:
             oldest = min(oldest, shared.last_proof)
         return True, f"{len(self._shared)} watches live (last heard {now - oldest:.0f}s ago)"
 
+    def lost_since(self, now: float) -> float | None:
+        """When the first of the watches whose stream ended and has not opened again within
+        `RECONNECT_GRACE` ended (None: none): they are trying to reach the apiserver."""
+        ended = [
+            s.closed_at
+            for s in self._shared.values()
+            if s.closed_at is not None and now - s.closed_at >= RECONNECT_GRACE
+        ]
+        return min(ended) if ended else None
+
     async def trouble(self) -> None:
         """Returns when a watch starts failing (a list failed, events went missing) or its
         stream ends (a healthy one reconnects within `RECONNECT_GRACE`)."""

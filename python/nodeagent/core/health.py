@@ -54,15 +54,19 @@ class Lapses(Generic[K]):
         failing: Mapping[K, str],
         now: float,
         last_ok: Mapping[K, float] | None = None,
+        began: Mapping[K, float] | None = None,
     ) -> list[Lapse[K]]:
         """``failing``: what fails now, with why; ``last_ok``: when an item last succeeded, if
-        known (an item that succeeded after it was first seen failing has failed only since).
-        Returns the lapses, the longest first, and refreshes the gauge."""
+        known (an item that succeeded after it was first seen failing has failed only since);
+        ``began``: when an item not yet seen failing began to (known from elsewhere, e.g. the
+        watches that stopped showing the apiserver), else now. Returns the lapses, the longest
+        first, and refreshes the gauge."""
         for key in [k for k in self._since if k not in failing]:
             del self._since[key]
         out: list[Lapse[K]] = []
         for key, error in failing.items():
-            since = self._since.setdefault(key, now)
+            start = min(now, began.get(key, now)) if began is not None else now
+            since = self._since.setdefault(key, start)
             ok = last_ok.get(key, -math.inf) if last_ok is not None else -math.inf
             if ok > since:
                 since = self._since[key] = ok

@@ -19,6 +19,7 @@ watched once.
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -111,6 +112,8 @@ class ClusterComponent:
         # The process's watches (None: standalone, or not preflighted yet).
         self.watches: WatchHub | None = None
         self.probes_skipped = 0
+        # While the watches cannot reconnect: when the apiserver is probed (None: not lost).
+        self._probe_due: float | None = None
 
     def preflight(self) -> None:
         """Build (not connect) the client once, so an unusable kubeconfig is a start-up
@@ -169,18 +172,44 @@ class ClusterComponent:
             if self._watches_show_reachable():
                 first.reset()
                 again.reset()
+                self._probe_due = None
                 # A watch failing or disconnected is news at once (looked at again once a
                 # healthy one had time to reconnect); a stalled one is seen at the next look.
                 with trio.move_on_after(self.probe_interval):
                     assert self.watches is not None
                     await self.watches.trouble()
                     await trio.sleep(2 * RECONNECT_GRACE)
+            elif (due := self._lost_watches_wait()) is not None:
+                # The watches are reconnecting: their attempts are what finds the apiserver
+                # back; probing too, the fleet met the restarted apiserver with a request each
+                # in its first second (issue 24 s5). Probed once this lasts a jittered interval.
+                await self._until_retry(due - trio.current_time())
             elif await self._check(client):
                 first.reset()
                 again.reset()
                 await trio.sleep(self.probe_interval)
             else:
                 await self._until_retry((again if self._connected_once else first).next())
+
+    def _lost_watches_wait(self) -> float | None:
+        """While the watches (connected before) cannot reconnect and their probe is not due:
+        the apiserver is taken for unreachable since the first stream ended, and the probe's
+        due time is returned (None: probe now, or the watches are not lost)."""
+        if self.watches is None or self.server_version is None:
+            return None
+        now = trio.current_time()
+        since = self.watches.lost_since(now)
+        if since is None:
+            self._probe_due = None
+            return None
+        if self._probe_due is None:
+            self._probe_due = now + self.probe_interval * random.uniform(0.5, 1.0)
+        if now >= self._probe_due:
+            return None
+        why = "the watches cannot reconnect"
+        self._ready = (False, f"apiserver unreachable: {why}")
+        self._unreachable.observe({"apiserver": why}, now, began={"apiserver": since})
+        return self._probe_due
 
     async def _until_retry(self, delay: float) -> None:
         """Waits ``delay`` s, or less if the watches show the apiserver back before."""
