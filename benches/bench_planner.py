@@ -8,7 +8,10 @@ scan the desired models with semantic deep-equality, O(n*m)).
   slices changed.
 
 The Rust figure includes decoding every desired and observed slice from JSON bytes (the form the
-store holds them in); the seed baseline gets pre-decoded dicts, so it is favoured.
+store holds them in); the Python seed baseline gets pre-decoded dicts, so it is favoured. With a
+Go toolchain present, the seed algorithm also runs in Go (benches/goseed: encoding/json into the
+k8s.io/api resource/v1 types from the same bytes, then apiequality.Semantic.DeepEqual), built
+once into the nodeagent cache by benches/goseed/build.sh; its figure is the best of 3 runs.
 
 Run: .venv/bin/python -m pytest benches/bench_planner.py --benchmark-only -s
 """
@@ -16,9 +19,16 @@ Run: .venv/bin/python -m pytest benches/bench_planner.py --benchmark-only -s
 from __future__ import annotations
 
 import json
+import os
 import random
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -128,6 +138,34 @@ def seed_plan(case: Case) -> list[Any]:
     return out
 
 
+GOSEED = Path(__file__).parent / "goseed"
+
+
+def go_available() -> bool:
+    return bool(shutil.which("go") or os.path.exists("/usr/local/go/bin/go"))
+
+
+def go_seed(case: Case) -> tuple[float, float]:
+    """Seconds per plan of every pool by the Go seed (benches/goseed), on the same bytes, and
+    of its decoding alone."""
+    build = subprocess.run(
+        ["bash", str(GOSEED / "build.sh")], check=True, capture_output=True, text=True
+    )
+    binary = build.stdout.strip().splitlines()[-1]
+    with tempfile.NamedTemporaryFile(suffix=".goseed") as f:
+        out = [struct.pack("<I", len(case.pools))]
+        for desired, observed, _, _ in case.pools:
+            out.append(struct.pack("<II", len(desired), len(observed)))
+            for b in (*desired, *observed):
+                out += [struct.pack("<I", len(b)), b]
+        f.write(b"".join(out))
+        f.flush()
+        res = subprocess.run([binary, f.name, "3"], check=True, capture_output=True, text=True)
+    m = re.search(r" ns/op=(\d+) decode-ns/op=(\d+)", res.stdout)
+    assert m, res.stdout
+    return int(m.group(1)) / 1e9, int(m.group(2)) / 1e9
+
+
 CPU: dict[str, list[float]] = {}
 
 
@@ -162,10 +200,27 @@ def case_for(name: str) -> Case:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("impl", ["seed-python", "rust-cold", "rust-prepared"])
+@pytest.mark.parametrize("impl", ["seed-python", "seed-go", "rust-cold", "rust-prepared"])
 def test_plan(benchmark: Any, capsys: pytest.CaptureFixture[str], name: str, impl: str) -> None:
     case = case_for(name)
     benchmark.group = f"plan {name}"
+    if impl == "seed-go":
+        if not go_available():
+            report(capsys, f"plan {name}: no Go toolchain, no Go seed figure")
+            return
+        secs: list[tuple[float, float]] = []
+        benchmark.pedantic(lambda: secs.append(go_seed(case)), rounds=1, iterations=1)
+        total, decode = secs[0]
+        RESULTS[f"seed-go-{name}"] = total
+        benchmark.extra_info.update(
+            go_seed_ms=round(total * 1e3, 2), go_decode_ms=round(decode * 1e3, 2)
+        )
+        report(
+            capsys,
+            f"plan {name} ({case.slices} slices), seed-go (best of 3): {total * 1e3:,.2f} ms "
+            f"(decoding {decode * 1e3:,.2f} ms of it)",
+        )
+        return
     fn = {"rust-cold": rust_plan, "rust-prepared": rust_plan_prepared}.get(impl, seed_plan)
     rounds = 1 if impl == "seed-python" else 5
     benchmark.pedantic(timed, args=(f"{impl}-{name}", fn, case), rounds=rounds, iterations=1)
@@ -180,4 +235,8 @@ def test_plan(benchmark: Any, capsys: pytest.CaptureFixture[str], name: str, imp
     if impl != "seed-python" and seed:
         benchmark.extra_info["ratio_vs_seed"] = round(seed / best, 1)
         text += f"; {seed / best:,.1f}x faster than the seed algorithm"
+    go = RESULTS.get(f"seed-go-{name}")
+    if impl.startswith("rust") and go:
+        benchmark.extra_info["ratio_vs_go_seed"] = round(go / best, 1)
+        text += f"; {go / best:,.1f}x faster than the Go seed"
     report(capsys, text)
