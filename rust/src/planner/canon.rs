@@ -12,6 +12,8 @@ use super::quantity;
 use crate::json::Scanner;
 
 const MAX_DEPTH: usize = 128;
+/// Distinct quantity texts remembered per slice.
+const QUANTITY_CACHE: usize = 8;
 
 type Result<T> = std::result::Result<T, String>;
 
@@ -135,8 +137,9 @@ pub struct Reader<'a> {
     times: Vec<Option<String>>,
     device_names: Vec<String>,
     pool: PoolInfo,
-    /// The last quantity text seen and its value key.
-    last_quantity: (String, String),
+    /// Quantity texts seen and their value keys, the most recent first: devices of one slice
+    /// repeat the same few quantities (a cache of one missed on every device with two).
+    quantities: Vec<(String, String)>,
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {
@@ -162,7 +165,9 @@ impl<'a> Reader<'a> {
     pub fn new(b: &'a [u8]) -> Result<Self> {
         Ok(Reader {
             sc: Scanner::new(b)?,
-            out: Vec::with_capacity(b.len()),
+            // Canonical quantities can be longer than their input spelling: room for that, so
+            // that a slice's key is not copied to a bigger buffer at the end.
+            out: Vec::with_capacity(b.len() + b.len() / 8 + 64),
             keys: Vec::new(),
             members: Vec::new(),
             scratch: Vec::new(),
@@ -170,7 +175,7 @@ impl<'a> Reader<'a> {
             times: Vec::new(),
             device_names: Vec::new(),
             pool: PoolInfo::unset(),
-            last_quantity: (String::new(), String::new()),
+            quantities: Vec::new(),
         })
     }
 
@@ -310,17 +315,23 @@ impl<'a> Reader<'a> {
                 return Ok(());
             }
         };
-        // Devices of one slice mostly repeat the same few quantities.
-        if self.last_quantity.0 != *text {
-            let key = match quantity::parse(&text) {
-                Ok(q) => quantity::value_key(&q),
-                // A value the API server would never return: compared textually, never equal
-                // to a valid quantity.
-                Err(_) => format!("!{text}"),
-            };
-            self.last_quantity = (text.into_owned(), key);
-        }
-        write_str(&mut self.out, &self.last_quantity.1);
+        let i = match self.quantities.iter().position(|(t, _)| *t == *text) {
+            Some(i) => i,
+            None => {
+                let key = match quantity::parse(&text) {
+                    Ok(q) => quantity::value_key(&q),
+                    // A value the API server would never return: compared textually, never
+                    // equal to a valid quantity.
+                    Err(_) => format!("!{text}"),
+                };
+                if self.quantities.len() == QUANTITY_CACHE {
+                    self.quantities.pop();
+                }
+                self.quantities.insert(0, (text.into_owned(), key));
+                0
+            }
+        };
+        write_str(&mut self.out, &self.quantities[i].1);
         Ok(())
     }
 

@@ -146,7 +146,9 @@ pub fn event(line: &[u8]) -> Result<Event<'_>> {
         "ERROR" => {
             if obj.status.code == 0 && obj.status.reason.is_empty() {
                 // "object" came before "type": read the Status fields now.
-                let mut sc = Scanner::new_checked(&line[..obj.end], obj.start);
+                // SAFETY: `line` was checked to be UTF-8 above, and `obj.end` follows the
+                // object's closing brace, a character boundary.
+                let mut sc = unsafe { Scanner::new_checked(&line[..obj.end], obj.start) };
                 obj = head(&mut sc, true)?;
             }
             Ok(Event::Error(obj.status))
