@@ -8,6 +8,10 @@
 - snapshot: N stored objects, 1% (and a fixed 1,000) changed: time for the next snapshot and
   its deltas (drain + decode of the changed objects + copy-on-write view), at 10k and 100k
   stored, against rebuilding the snapshot from every object (what kates does on each update).
+- scanner: the project's JSON scanner (rust/src/json.rs and the store's event parser, compiled
+  into benches/jsonscan) against the SIMD crates sonic-rs and simd-json doing the same per-event
+  work on the same stream (validate, read type and metadata, find the object's span); needs
+  cargo (the build is cached in the nodeagent cache).
 - memory: resident memory of 100,000 stored ~1 KB objects, in a fresh process, against the raw
   object bytes; plus the store's own byte count.
 
@@ -19,11 +23,15 @@ from __future__ import annotations
 
 import os
 import random
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -139,6 +147,62 @@ def test_ingest_rust_store(benchmark: Any, capsys: pytest.CaptureFixture[str]) -
         benchmark.extra_info["ratio_vs_reference"] = round(rate / ref, 1)
         text += f"; {rate / ref:.1f}x the Python reference (CPU: {cpu_rate / ref_cpu:.1f}x)"
     report(capsys, text)
+
+
+JSONSCAN = Path(__file__).parent / "jsonscan"
+
+
+def jsonscan(mode: str, data: bytes) -> dict[str, float] | None:
+    """Seconds per scanner (the project's "own", "sonic-rs", ...) of benches/jsonscan on `data`
+    (best of 3), or None without cargo."""
+    cargo = shutil.which("cargo") or os.path.expanduser("~/.cargo/bin/cargo")
+    if not os.path.exists(cargo):
+        return None
+    cache = os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache"))
+    target = os.path.join(cache, "nodeagent", "cargo-target-jsonscan")
+    subprocess.run(
+        [
+            cargo,
+            "build",
+            "--release",
+            "--locked",
+            "-q",
+            "--manifest-path",
+            str(JSONSCAN / "Cargo.toml"),
+        ],
+        check=True,
+        env={**os.environ, "CARGO_TARGET_DIR": target},
+    )
+    with tempfile.NamedTemporaryFile(suffix=".jsonscan") as f:
+        f.write(data)
+        f.flush()
+        res = subprocess.run(
+            [os.path.join(target, "release", "jsonscan"), mode, f.name, "3"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    return {m[1]: int(m[2]) / 1e9 for m in re.finditer(r"^(\S+) ns=(\d+)", res.stdout, re.M)}
+
+
+@pytest.mark.benchmark(group="scanner")
+def test_scanner_vs_simd_crates(benchmark: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    chunks, _, total = stream()
+    out: list[dict[str, float] | None] = []
+    benchmark.pedantic(lambda: out.append(jsonscan("events", b"".join(chunks))), rounds=1)
+    if out[0] is None:
+        report(capsys, "scanner: no cargo, no comparison with the SIMD crates")
+        return
+    own = out[0]["own"]
+    for name, secs in out[0].items():
+        benchmark.extra_info[f"{name}_events_per_s"] = round(EVENTS / secs)
+        text = (
+            f"scanner {name}: {EVENTS / secs:,.0f} events/s, {total / secs / 1e6:,.0f} MB/s "
+            "(scan only, no store)"
+        )
+        if name != "own":
+            text += f"; the project's scanner is {secs / own:.2f}x as fast"
+        report(capsys, text)
 
 
 def stored_view(n: int) -> tuple[QueryView, int]:

@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from benches.bench_accumulator import jsonscan
 from nodeagent import _native
 from nodeagent.resources.model import (
     Device,
@@ -145,6 +146,16 @@ def go_available() -> bool:
     return bool(shutil.which("go") or os.path.exists("/usr/local/go/bin/go"))
 
 
+def case_file(case: Case) -> bytes:
+    """The pools' bytes in benches/goseed's case format (also read by benches/jsonscan)."""
+    out = [struct.pack("<I", len(case.pools))]
+    for desired, observed, _, _ in case.pools:
+        out.append(struct.pack("<II", len(desired), len(observed)))
+        for b in (*desired, *observed):
+            out += [struct.pack("<I", len(b)), b]
+    return b"".join(out)
+
+
 def go_seed(case: Case) -> tuple[float, float]:
     """Seconds per plan of every pool by the Go seed (benches/goseed), on the same bytes, and
     of its decoding alone."""
@@ -153,12 +164,7 @@ def go_seed(case: Case) -> tuple[float, float]:
     )
     binary = build.stdout.strip().splitlines()[-1]
     with tempfile.NamedTemporaryFile(suffix=".goseed") as f:
-        out = [struct.pack("<I", len(case.pools))]
-        for desired, observed, _, _ in case.pools:
-            out.append(struct.pack("<II", len(desired), len(observed)))
-            for b in (*desired, *observed):
-                out += [struct.pack("<I", len(b)), b]
-        f.write(b"".join(out))
+        f.write(case_file(case))
         f.flush()
         res = subprocess.run([binary, f.name, "3"], check=True, capture_output=True, text=True)
     m = re.search(r" ns/op=(\d+) decode-ns/op=(\d+)", res.stdout)
@@ -197,6 +203,24 @@ def case_for(name: str) -> Case:
         _built.clear()
         _built[name] = Case(*CASES[name])
     return _built[name]
+
+
+@pytest.mark.parametrize("name", ["stress-1000-0pct"])
+def test_scanner_vs_simd_crates(
+    benchmark: Any, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """The cold plan's decoding: the project's scanner writing the canonical form against the
+    SIMD crates only parsing into their trees (benches/jsonscan)."""
+    case = case_for(name)
+    out: list[dict[str, float] | None] = []
+    benchmark.pedantic(lambda: out.append(jsonscan("slices", case_file(case))), rounds=1)
+    if out[0] is None:
+        report(capsys, "scanner: no cargo, no comparison with the SIMD crates")
+        return
+    for impl, secs in out[0].items():
+        benchmark.extra_info[f"{impl}_ms"] = round(secs * 1e3, 2)
+        what = "validate + canonical form" if impl == "own" else "parse into its tree only"
+        report(capsys, f"slices {name} ({case.slices} x 2), {impl}: {secs * 1e3:,.2f} ms ({what})")
 
 
 @pytest.mark.parametrize("name", list(CASES))
