@@ -51,9 +51,13 @@ class Condition:
     message: str
 
 
-def condition_patch(condition: Condition, now: float) -> dict[str, Any]:
+def condition_patch(
+    condition: Condition, now: float, *, transitioned: str | None = None
+) -> dict[str, Any]:
     """The strategic-merge patch of nodes/<name>/status setting the agent's condition (the
-    conditions list merges by type, so the kubelet's own conditions are untouched)."""
+    conditions list merges by type, so the kubelet's own conditions are untouched).
+    `transitioned`: the lastTransitionTime the Node shows for the same status, kept (the
+    time the status last changed, as the kubelet keeps it), else now."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
     return {
         "status": {
@@ -64,7 +68,7 @@ def condition_patch(condition: Condition, now: float) -> dict[str, Any]:
                     "reason": condition.reason,
                     "message": condition.message,
                     "lastHeartbeatTime": stamp,
-                    "lastTransitionTime": stamp,
+                    "lastTransitionTime": transitioned or stamp,
                 }
             ]
         }

@@ -47,6 +47,9 @@ __all__ = ["ConfigBuilder", "DynconfigComponent", "EventBuffer"]
 API_VERSION = f"{GROUP}/{VERSION}"
 # Seconds between looks at the queries' states while a selection waits for both to be known.
 RECHECK_WHILE_OWED = 1.0
+# The condition's first write waits this long at most for the Node to be listed, so that it
+# keeps the lastTransitionTime the Node shows (and is not written at all when unchanged).
+NODE_LISTED_WAIT = 5.0
 
 
 class ConfigBuilder:
@@ -161,6 +164,11 @@ class DynconfigComponent:
         # The UID of the Node the last condition was written to, and an event set when a Node
         # of another UID (deleted and re-created by its kubelet) lacks it: written again.
         self._written_uid: str | None = None
+        # The Node as last seen (None: not seen yet): its condition's lastTransitionTime is
+        # kept while the status stays, and an agent restarted on an unchanged condition
+        # does not write it again.
+        self._node_seen: dict[str, Any] | None = None
+        self._node_listed = trio.Event()
         self._lost = Wake()
         self.condition_error: str | None = None
         self.condition_writes = 0
@@ -226,6 +234,8 @@ class DynconfigComponent:
                     owed = True
                 if node.update(snap):
                     self._check_condition(snap)
+                    if node.bootstrapped:
+                        self._node_listed.set()
                     new_labels = self._labels(snap)
                     # Status-only changes of the Node (heartbeats, our condition) select nothing.
                     owed = owed or new_labels != labels
@@ -312,9 +322,10 @@ class DynconfigComponent:
         written last; if so (found by the fault matrix: it stayed lost until the next config
         change), forget it so that the writer writes it again. The same Node seen without it
         is an older state than our write's, not a loss."""
+        node = snap.node.lookup("", self.node_name)
+        self._node_seen = node
         if self.written is None or self._written_uid is None:
             return
-        node = snap.node.lookup("", self.node_name)
         uid = ((node or {}).get("metadata") or {}).get("uid")
         if node is None or uid == self._written_uid:
             return  # deleted: written again once it exists (its patch until then would 404)
@@ -333,11 +344,13 @@ class DynconfigComponent:
     async def _write_conditions(self) -> None:
         # A refused write (RBAC without nodes/status) is retried with backoff, not per change.
         backoff = Backoff(1.0, 60.0)
+        with trio.move_on_after(NODE_LISTED_WAIT):
+            await self._node_listed.wait()
         while True:
             changed = self.controller.changed
             self._lost.clear()
             condition = self.controller.condition()
-            if condition != self.written:
+            if condition != self.written and not self._adopt(condition):
                 await self._patch_condition(condition)
                 if self.condition_error is not None:
                     await trio.sleep(backoff.next())
@@ -348,12 +361,40 @@ class DynconfigComponent:
                     for wait in (changed.wait, self._lost.wait):
                         nursery.start_soon(_cancel_when, wait, nursery.cancel_scope)
 
+    def _shown(self) -> dict[str, Any] | None:
+        """Our condition as the Node last seen shows it."""
+        status = (self._node_seen or {}).get("status") or {}
+        for c in status.get("conditions") or []:
+            if c.get("type") == CONDITION_TYPE:
+                return dict(c)
+        return None
+
+    def _adopt(self, condition: Condition) -> bool:
+        """At start, before this process wrote anything: a Node already showing exactly
+        `condition` (left by the previous run) is taken as written, not written again. Later
+        the Node seen may predate our own last write, so it is never trusted that way."""
+        shown = self._shown()
+        if self.condition_writes or self.written is not None or shown is None:
+            return False
+        same = (
+            shown.get("status") == ("True" if condition.status else "False")
+            and shown.get("reason") == condition.reason
+            and shown.get("message") == condition.message
+        )
+        if same:
+            self.written = condition
+            self._written_uid = ((self._node_seen or {}).get("metadata") or {}).get("uid")
+        return same
+
     async def _patch_condition(self, condition: Condition) -> None:
+        shown = self._shown()
+        status = "True" if condition.status else "False"
+        kept = shown.get("lastTransitionTime") if shown and shown.get("status") == status else None
         try:
             answer = await self._client.patch(
                 NODES,
                 self.node_name,
-                condition_patch(condition, time.time()),
+                condition_patch(condition, time.time(), transitioned=kept),
                 type="strategic",
                 subresource="status",
             )

@@ -40,11 +40,13 @@ class Client(FakeClient):
         self.resources[NAC.kind] = NAC
         self.refuse = False
         self.patches: list[float] = []  # trio time of each condition patch attempt
+        self.bodies: list[Any] = []  # each condition patch's body
         self.events: list[dict[str, Any]] = []
         self.node_uid = ""  # the UID of the Node a condition patch returns
 
     async def patch(self, resource: Resource, name: str, body: Any, **kw: Any) -> bytes:
         self.patches.append(trio.current_time())
+        self.bodies.append(body)
         if self.refuse:
             raise errors.Forbidden(403, "Forbidden", "nodes/status is forbidden")
         return json.dumps({"metadata": {"name": name, "uid": self.node_uid}}).encode()
@@ -142,6 +144,7 @@ async def test_refused_condition_write_is_retried_with_backoff(
 ) -> None:
     async with running(tmp_path, refuse=True) as rig:
         start = trio.current_time()
+        await synced(await rig.client.sink("nodes"), {"metadata": {"name": NODE, "uid": "n"}})
         await trio.sleep(200)
         attempts = [round(t - start) for t in rig.client.patches]
         # 1 s doubling to 60 s: 0, 1, 3, 7, 15, 31, 63, 123, 183 (not once per second).
@@ -168,3 +171,67 @@ async def test_refused_condition_write_is_retried_with_backoff(
         written_before = trio.current_time()
         await until(lambda: rig.component.condition_writes == 2, "the change written")
         assert trio.current_time() - written_before < 1
+
+
+def _shown(condition: Any, since: str) -> dict[str, Any]:
+    """The Node as a previous run of the agent left it: our condition set `since`."""
+    return {
+        "metadata": {"name": NODE, "uid": "n", "resourceVersion": "1"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "NodeAgentConfigOK",
+                    "status": "True" if condition.status else "False",
+                    "reason": condition.reason,
+                    "message": condition.message,
+                    "lastHeartbeatTime": since,
+                    "lastTransitionTime": since,
+                }
+            ]
+        },
+    }
+
+
+async def test_a_restart_on_an_unchanged_condition_does_not_write_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path) as rig:
+        condition = rig.controller.condition()
+        since = "2026-01-02T03:04:05Z"
+        await synced(await rig.client.sink("nodes"), _shown(condition, since))
+        await trio.sleep(30)
+        assert rig.client.patches == []
+        assert rig.component.written == condition
+
+        # A change of reason with the same status keeps the time the status last changed.
+        rig.controller.keep("tie between a and b")
+        await until(lambda: rig.client.patches, "the new condition written")
+        (written,) = rig.client.bodies[0]["status"]["conditions"]
+        assert written["reason"] != condition.reason
+        if written["status"] == ("True" if condition.status else "False"):
+            assert written["lastTransitionTime"] == since
+        else:
+            assert written["lastTransitionTime"] != since
+
+
+async def test_a_status_change_since_the_last_run_gets_a_new_transition_time(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path) as rig:
+        condition = rig.controller.condition()
+        flipped = type(condition)(not condition.status, "RolledBack", "an older run's")
+        since = "2026-01-02T03:04:05Z"
+        await synced(await rig.client.sink("nodes"), _shown(flipped, since))
+        await until(lambda: rig.client.patches, "the condition written")
+        (written,) = rig.client.bodies[0]["status"]["conditions"]
+        assert written["reason"] == condition.reason
+        assert written["lastTransitionTime"] != since
+
+
+async def test_the_first_write_waits_a_bounded_time_for_the_node(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with running(tmp_path) as rig:
+        start = trio.current_time()
+        await until(lambda: rig.client.patches, "the condition written without the Node")
+        assert rig.client.patches[0] - start <= 5.1

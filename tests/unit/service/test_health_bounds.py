@@ -268,9 +268,11 @@ def test_bounds_are_finite_and_positive(build: Any, field: str, value: float) ->
 async def test_node_status_writes_failing_are_not_ready_only_past_the_bound(
     tmp_path: Any, autojump_clock: trio.testing.MockClock
 ) -> None:
+    from tests.unit.accumulator.test_accumulator import synced
     from tests.unit.dynconfig.test_component import running
 
     async with running(tmp_path, refuse=True) as rig:
+        await synced(await rig.client.sink("nodes"), {"metadata": {"name": "node-a", "uid": "n"}})
         await trio.sleep(0.5)  # the first write refused
         assert rig.component.condition_error is not None
         # Readiness is asked every heartbeat (the status loop); here every 10 s.
