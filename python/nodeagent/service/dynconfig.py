@@ -188,6 +188,7 @@ class DynconfigComponent:
             while True:
                 if await self._crd_served():
                     break
+                self._node_listed.set()  # no Node view to wait for: the condition goes now
                 await trio.sleep(self._retry)  # an optional kind: looked for again
             self.crd_missing = None
             # Two accumulators: the Node's status changes often (the kubelet, and this
