@@ -40,6 +40,12 @@ impl<'a> Scanner<'a> {
         Scanner { buf, pos }
     }
 
+    /// The scanned bytes `start..end` (a value the caller has just scanned, say).
+    #[inline]
+    pub fn span(&self, start: usize, end: usize) -> &'a [u8] {
+        &self.buf[start..end]
+    }
+
     /// An error at the current position, in the form every caller reports.
     #[cold]
     #[inline(never)]

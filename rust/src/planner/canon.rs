@@ -133,10 +133,15 @@ pub struct Reader<'a> {
     keys: Vec<u8>,
     members: Vec<Member>,
     scratch: Vec<u8>,
+    /// `finish_object`'s spans of the members it keeps, and their offsets in the rewrite.
+    kept: Vec<(usize, usize)>,
+    at: Vec<usize>,
     depth: usize,
     times: Vec<Option<String>>,
     device_names: Vec<String>,
     pool: PoolInfo,
+    /// The current member's key as it came, quotes included (`members`).
+    key_span: (usize, usize),
     /// Quantity texts seen and their value keys, the most recent first: devices of one slice
     /// repeat the same few quantities (a cache of one missed on every device with two).
     quantities: Vec<(String, String)>,
@@ -171,10 +176,13 @@ impl<'a> Reader<'a> {
             keys: Vec::new(),
             members: Vec::new(),
             scratch: Vec::new(),
+            kept: Vec::new(),
+            at: Vec::new(),
             depth: 0,
             times: Vec::new(),
             device_names: Vec::new(),
             pool: PoolInfo::unset(),
+            key_span: (0, 0),
             quantities: Vec::new(),
         })
     }
@@ -210,12 +218,12 @@ impl<'a> Reader<'a> {
             Some(b'{') => self.object(if ctx.is_object() { ctx } else { Ctx::Generic }),
             Some(b'[') => self.array(if ctx.is_array() { ctx } else { Ctx::Generic }),
             Some(b'"') => {
+                let at = self.sc.pos;
                 match self.sc.string()? {
                     // Without escapes the text needs none either: copy it with its quotes.
-                    Cow::Borrowed(s) => {
-                        self.out.push(b'"');
-                        self.out.extend_from_slice(s.as_bytes());
-                        self.out.push(b'"');
+                    Cow::Borrowed(_) => {
+                        let quoted = self.sc.span(at, self.sc.pos);
+                        self.out.extend_from_slice(quoted);
                     }
                     Cow::Owned(s) => write_str(&mut self.out, &s),
                 }
@@ -269,7 +277,10 @@ impl<'a> Reader<'a> {
         self.enter()?;
         if !self.sc.eat(b'}') {
             loop {
+                self.sc.ws();
+                let at = self.sc.pos;
                 let key = self.sc.string()?;
+                self.key_span = (at, self.sc.pos);
                 self.sc.expect(b':')?;
                 f(self, key)?;
                 if !self.sc.comma_or(b'}')? {
@@ -446,9 +457,10 @@ impl<'a> Reader<'a> {
             _ => {}
         }
         if plain {
-            self.out.push(b'"');
-            self.out.extend_from_slice(k.as_bytes());
-            self.out.extend_from_slice(b"\":");
+            // Copied with its quotes as it came: one copy instead of three.
+            let (start, end) = self.key_span;
+            self.out.extend_from_slice(self.sc.span(start, end));
+            self.out.push(b':');
         } else {
             write_str(&mut self.out, k);
             self.out.push(b':');
@@ -524,31 +536,65 @@ impl<'a> Reader<'a> {
 
     /// Rewrites the members written since `obj_start` in key order, the last of equal keys
     /// winning (as in every JSON decoder Kubernetes uses), comma-separated, and closes the brace.
+    ///
+    /// The largest member (a spec's `devices`: nearly all of a slice) is moved once, within
+    /// `out`; only the others go through `scratch`.
     fn finish_object(&mut self, base: usize, keys_base: usize, obj_start: usize) {
         let members = &mut self.members[base..];
         let keys = &self.keys;
         let key = |m: &Member| &keys[m.key.0..m.key.1];
         let sorted = members.windows(2).all(|w| key(&w[0]) < key(&w[1]));
         if !sorted {
+            // Stable: of equal keys the last written stays last, and wins.
             members.sort_by(|a, b| key(a).cmp(key(b)));
-            self.scratch.clear();
-            let mut first = true;
-            for i in 0..members.len() {
-                if members
-                    .get(i + 1)
-                    .is_some_and(|n| key(n) == key(&members[i]))
-                {
-                    continue;
+            let kept = &mut self.kept;
+            kept.clear();
+            kept.extend(
+                (0..members.len())
+                    .filter(|&i| {
+                        members
+                            .get(i + 1)
+                            .is_none_or(|n| key(n) != key(&members[i]))
+                    })
+                    .map(|i| (members[i].start, members[i].end)),
+            );
+            let largest = (0..kept.len())
+                .max_by_key(|&i| kept[i].1 - kept[i].0)
+                .unwrap_or_default();
+            // Where each kept member goes, relative to the first: comma-separated.
+            let at = &mut self.at;
+            at.clear();
+            let mut len = 0;
+            for (i, &(s, e)) in kept.iter().enumerate() {
+                if i > 0 {
+                    len += 1;
                 }
-                if !first {
-                    self.scratch.push(b',');
-                }
-                first = false;
-                self.scratch
-                    .extend_from_slice(&self.out[members[i].start..members[i].end]);
+                at.push(len);
+                len += e - s;
             }
-            self.out.truncate(obj_start + 1);
-            self.out.extend_from_slice(&self.scratch);
+            self.scratch.clear();
+            for (i, &(s, e)) in kept.iter().enumerate() {
+                if i != largest {
+                    self.scratch.extend_from_slice(&self.out[s..e]);
+                }
+            }
+            let first = obj_start + 1;
+            let (ls, le) = kept[largest];
+            self.out.copy_within(ls..le, first + at[largest]);
+            let mut from = 0;
+            for (i, &(s, e)) in kept.iter().enumerate() {
+                let to = first + at[i];
+                if i > 0 {
+                    self.out[to - 1] = b',';
+                }
+                if i != largest {
+                    self.out[to..to + e - s].copy_from_slice(&self.scratch[from..from + e - s]);
+                    from += e - s;
+                }
+            }
+            // The members were written comma-separated from `first`, so their rewrite, which
+            // drops only duplicates, is no longer than they were.
+            self.out.truncate(first + len);
         }
         self.out.push(b'}');
         self.members.truncate(base);
@@ -657,6 +703,35 @@ mod tests {
             ),
             r#"{"devices":[{"capacity":{"m":{"value":"0"},"n":{"value":"0"},"o":{"value":"1024"}},"name":"d"}]}"#
         );
+    }
+
+    #[test]
+    fn members_sorted_wherever_the_largest_one_is() {
+        // finish_object moves the largest member in place and the others through scratch.
+        let big = r#""b": {"x": [1, 2, 3, 4, 5, 6, 7, 8, 9], "w": "long long long"}"#;
+        let want =
+            r#"{"a":"s","b":{"w":"long long long","x":[1,2,3,4,5,6,7,8,9]},"c":2,"d":[true]}"#;
+        let members = [r#""c": 2"#, r#""a": "s""#, big, r#""d": [true]"#];
+        for first in 0..members.len() {
+            for second in 0..members.len() {
+                if first == second {
+                    continue;
+                }
+                let mut order = vec![members[first], members[second]];
+                order.extend(
+                    (0..members.len())
+                        .filter(|&i| i != first && i != second)
+                        .map(|i| members[i]),
+                );
+                assert_eq!(key(&format!("{{{}}}", order.join(", "))), want, "{order:?}");
+                // An earlier duplicate of any member loses to the later one.
+                let dup = format!(
+                    r#"{{"b": 0, "d": 0, {}, "a": 1, "a": "s"}}"#,
+                    order.join(", ")
+                );
+                assert_eq!(key(&dup), want, "{dup}");
+            }
+        }
     }
 
     #[test]
