@@ -122,6 +122,9 @@ pub struct Parsed {
 struct Member {
     /// The key's decoded bytes live in `keys[key.0..key.1]`.
     key: (usize, usize),
+    /// The key's first 8 bytes, big-endian, zero-padded: orders most keys without a call to
+    /// memcmp (equal prefixes fall back to the whole keys).
+    prefix: u64,
     /// The member's canonical bytes in `out[start..end]`.
     start: usize,
     end: usize,
@@ -527,8 +530,12 @@ impl<'a> Reader<'a> {
     fn keep_member(&mut self, key: &[u8], start: usize) {
         let ks = self.keys.len();
         self.keys.extend_from_slice(key);
+        let mut prefix = [0u8; 8];
+        let n = key.len().min(8);
+        prefix[..n].copy_from_slice(&key[..n]);
         self.members.push(Member {
             key: (ks, self.keys.len()),
+            prefix: u64::from_be_bytes(prefix),
             start,
             end: self.out.len(),
         });
@@ -543,10 +550,13 @@ impl<'a> Reader<'a> {
         let members = &mut self.members[base..];
         let keys = &self.keys;
         let key = |m: &Member| &keys[m.key.0..m.key.1];
-        let sorted = members.windows(2).all(|w| key(&w[0]) < key(&w[1]));
+        let cmp = |a: &Member, b: &Member| a.prefix.cmp(&b.prefix).then_with(|| key(a).cmp(key(b)));
+        let sorted = members
+            .windows(2)
+            .all(|w| cmp(&w[0], &w[1]) == std::cmp::Ordering::Less);
         if !sorted {
             // Stable: of equal keys the last written stays last, and wins.
-            members.sort_by(|a, b| key(a).cmp(key(b)));
+            members.sort_by(cmp);
             let kept = &mut self.kept;
             kept.clear();
             kept.extend(
@@ -554,7 +564,7 @@ impl<'a> Reader<'a> {
                     .filter(|&i| {
                         members
                             .get(i + 1)
-                            .is_none_or(|n| key(n) != key(&members[i]))
+                            .is_none_or(|n| cmp(n, &members[i]).is_ne())
                     })
                     .map(|i| (members[i].start, members[i].end)),
             );
