@@ -48,7 +48,7 @@ from nodeagent.plugins import PluginManager
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.rpc import open_grpc_bridge
-from nodeagent.sdk.dra import Device, DevicePlugin
+from nodeagent.sdk import Device, DevicePlugin
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN as GRPCIO_PLUGIN
 from tests.plugins.test_grpcio_wire import grpcio_modules

@@ -19,7 +19,7 @@ from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.rpc import GrpcBridge, open_grpc_bridge
-from nodeagent.sdk.dra import Device, DevicePlugin, Quantity, SemVer
+from nodeagent.sdk import Device, DevicePlugin, Quantity, SemVer
 from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import NODE, admin, node_slices, until
 from tests.plugins.conftest import fast_settings

@@ -25,8 +25,8 @@ from nodeagent.resources import metrics
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.rpc import GrpcBridge, open_grpc_bridge
-from nodeagent.sdk.dra import Device as SdkDevice
-from nodeagent.sdk.dra import DevicePlugin
+from nodeagent.sdk import Device as SdkDevice
+from nodeagent.sdk import DevicePlugin
 from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import (
     NODE,

@@ -77,6 +77,7 @@ ALLOWED: dict[str, set[str]] = {
 EXPORTS: dict[str, set[str]] = {
     "nodeagent": {"__version__"},
     "accumulator": {
+        "RECONNECT_GRACE",
         "Accumulator",
         "AccumulatorClient",
         "AccumulatorSettings",
@@ -89,6 +90,8 @@ EXPORTS: dict[str, set[str]] = {
         "QueryState",
         "QueryStatus",
         "Watch",
+        "WatchHub",
+        "client_watch",
     },
     "checkpoint": {"CheckpointRead", "CheckpointState", "CheckpointStore"},
     "config": set(),
@@ -98,18 +101,30 @@ EXPORTS: dict[str, set[str]] = {
         "CONFIGMAPS",
         "CORE_EVENTS",
         "CUSTOMRESOURCEDEFINITIONS",
-        "ClusterConfig",
         "EVENTS",
-        "FeedResult",
-        "KubeClient",
-        "KubeSettings",
         "LEASES",
+        "NAMESPACES",
+        "NODES",
+        "NODE_EVENTS",
+        "RESOURCESLICES",
+        "ApiError",
+        "BadRequest",
+        "ClusterConfig",
+        "Conflict",
+        "DryRun",
+        "EventRecorder",
+        "EventSink",
+        "FeedResult",
+        "Forbidden",
+        "GapSink",
+        "Invalid",
+        "KubeClient",
+        "KubeError",
+        "KubeSettings",
         "ListFailureSink",
         "ListPage",
         "ListResult",
-        "NAMESPACES",
-        "NODES",
-        "RESOURCESLICES",
+        "NotFound",
         "Resource",
         "WatchError",
         "WatchOptions",
@@ -119,6 +134,7 @@ EXPORTS: dict[str, set[str]] = {
         "in_cluster_config",
         "load_client",
         "load_kubeconfig",
+        "not_dry_run_view",
         "run_watch",
     },
     "plugins": {
@@ -210,6 +226,31 @@ def _imported(module: str, path: Path) -> Iterator[tuple[int, str]]:
                 yield node.lineno, f"nodeagent.{alias.name}" if submodule else "nodeagent"
 
 
+# Packages with a public face: another package enters them through their `__init__` only (its
+# `__all__`), as httpx's users import `httpx`, never `httpx._client`; their inner modules are
+# theirs to rearrange. Importing one of their modules by name (`from nodeagent.kube import
+# errors`) is entering it by a side door too.
+FACADES = {"kube", "accumulator", "plugins", "checkpoint", "sdk"}
+
+
+def _deep_imports(module: str, path: Path) -> Iterator[tuple[int, str]]:
+    """(line, module) of every import of a facade package's inner module from outside it."""
+    source = _package_of(module)
+    for line, target in _imported(module, path):
+        parts = target.split(".")
+        if len(parts) > 2 and parts[1] in FACADES and parts[1] != source:
+            yield line, target
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            parts = node.module.split(".")
+            if len(parts) == 2 and parts[0] == "nodeagent" and parts[1] in FACADES:
+                if parts[1] == source:
+                    continue
+                for alias in node.names:
+                    if _is_submodule(f"{parts[1]}/{alias.name}"):
+                        yield node.lineno, f"{node.module}.{alias.name}"
+
+
 def _edges() -> dict[tuple[str, str], list[str]]:
     """(importer package, imported package) -> where ("file:line")."""
     edges: dict[tuple[str, str], list[str]] = {}
@@ -252,6 +293,29 @@ def test_imports_follow_the_allowed_graph() -> None:
         if b not in ALLOWED[a]
     ]
     assert violations == []
+
+
+def test_packages_with_a_public_face_are_entered_through_it() -> None:
+    deep = [
+        f"{path.relative_to(ROOT.parent)}:{line}: {target}"
+        for module, path in _source_files()
+        for line, target in _deep_imports(module, path)
+    ]
+    assert deep == []
+
+
+def test_a_deep_import_is_found(tmp_path: Path) -> None:
+    source = (
+        "from nodeagent.kube.client import KubeClient\n"
+        "from nodeagent.kube import errors, KubeClient as Client\n"
+        "def f() -> None:\n"
+        "    import nodeagent.plugins.manager\n"
+    )
+    path = tmp_path / "mod.py"
+    path.write_text(source)
+    found = {name for _, name in _deep_imports("nodeagent.resources.mod", path)}
+    assert found == {"nodeagent.kube.client", "nodeagent.kube.errors", "nodeagent.plugins.manager"}
+    assert set(_deep_imports("nodeagent.kube.mod", path)) <= {(4, "nodeagent.plugins.manager")}
 
 
 def test_every_allowed_edge_is_used() -> None:

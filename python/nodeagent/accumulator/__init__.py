@@ -6,6 +6,7 @@ from nodeagent.accumulator.accumulator import (
     QueryForbiddenError,
     Watch,
 )
+from nodeagent.accumulator.hub import RECONNECT_GRACE, WatchHub, client_watch
 from nodeagent.accumulator.model import (
     Delta,
     DeltaType,
@@ -18,6 +19,7 @@ from nodeagent.accumulator.model import (
 from nodeagent.accumulator.settings import AccumulatorSettings
 
 __all__ = [
+    "RECONNECT_GRACE",
     "Accumulator",
     "AccumulatorClient",
     "AccumulatorSettings",
@@ -30,4 +32,6 @@ __all__ = [
     "QueryState",
     "QueryStatus",
     "Watch",
+    "WatchHub",
+    "client_watch",
 ]

@@ -34,10 +34,16 @@ from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.accumulator.sink import StoreSink
 from nodeagent.accumulator.view import QueryView
 from nodeagent.core.backoff import Backoff, Jitter
-from nodeagent.kube import errors as kube_errors
-from nodeagent.kube.client import KubeClient, WriteEvent
-from nodeagent.kube.resource import Resource
-from nodeagent.kube.watch import WatchRequest, WatchSink, run_watch
+from nodeagent.kube import (
+    Forbidden,
+    KubeClient,
+    KubeError,
+    Resource,
+    WatchRequest,
+    WatchSink,
+    WriteEvent,
+    run_watch,
+)
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
@@ -306,7 +312,7 @@ class Accumulator:
             assert isinstance(f.query.kind, str)
             try:
                 f.resource = await self._client.discover(f.query.api_version, f.query.kind)
-            except (kube_errors.KubeError, OSError) as exc:
+            except (KubeError, OSError) as exc:
                 f.problem = f"discovery failed: {exc}"
                 delay = backoff.next()
                 log.warning(
@@ -343,7 +349,7 @@ class Accumulator:
         while True:
             try:
                 await self._watch_one(request, f.sink)
-            except kube_errors.Forbidden as exc:
+            except Forbidden as exc:
                 if f.sink.unknown_since is None:
                     transient.reset()  # known until now: a new streak
                 if self._forbidden_may_pass(f):

@@ -33,11 +33,11 @@ import trio
 
 from nodeagent._native import Store
 from nodeagent.accumulator.accumulator import Watch, serving
-from nodeagent.kube import errors as kube_errors
-from nodeagent.kube.client import KubeClient
-from nodeagent.kube.watch import (
+from nodeagent.kube import (
+    ApiError,
     FeedResult,
     GapSink,
+    KubeClient,
     ListFailureSink,
     WatchError,
     WatchRequest,
@@ -94,7 +94,7 @@ class _Shared:
             try:
                 await watch(self.request, self)
             except Exception as exc:  # Forbidden, for each subscriber to decide; or a bug
-                if not isinstance(exc, kube_errors.ApiError):
+                if not isinstance(exc, ApiError):
                     log.exception("shared watch failed", resource=self.request.resource.plural)
                 self.error = exc
         self.hub._forget(self)
@@ -339,7 +339,7 @@ class WatchHub:
 def _again(error: Exception | None) -> Exception:
     """The shared watch's error, anew for each subscriber (one instance raised in several tasks
     would share its traceback)."""
-    if isinstance(error, kube_errors.ApiError):
+    if isinstance(error, ApiError):
         return type(error)(error.code, error.reason, error.message, error.details)
     return RuntimeError(f"shared watch ended: {error!r}")
 

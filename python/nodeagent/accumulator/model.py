@@ -9,7 +9,7 @@ from typing import Generic, NamedTuple, TypeVar, cast
 
 from nodeagent._native import PMap
 from nodeagent.accumulator.selectors import FieldSelector, LabelSelector
-from nodeagent.kube.resource import Resource
+from nodeagent.kube import Resource
 
 T = TypeVar("T")
 

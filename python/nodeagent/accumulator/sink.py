@@ -12,7 +12,7 @@ import trio
 
 from nodeagent._native import Store
 from nodeagent.accumulator import metrics
-from nodeagent.kube.watch import FeedResult, WatchError
+from nodeagent.kube import FeedResult, WatchError
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)

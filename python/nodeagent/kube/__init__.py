@@ -6,6 +6,17 @@ async with KubeClient(load_kubeconfig(path)) as client:
 """
 
 from nodeagent.kube.client import KubeClient, ListPage, ListResult, WatchOptions, WriteEvent
+from nodeagent.kube.dryrun import DryRun, not_dry_run_view
+from nodeagent.kube.errors import (
+    ApiError,
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Invalid,
+    KubeError,
+    NotFound,
+)
+from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink
 from nodeagent.kube.kubeconfig import ClusterConfig, in_cluster_config, load_kubeconfig
 from nodeagent.kube.resource import (
     CONFIGMAPS,
@@ -21,6 +32,7 @@ from nodeagent.kube.resource import (
 from nodeagent.kube.settings import KubeSettings, load_client
 from nodeagent.kube.watch import (
     FeedResult,
+    GapSink,
     ListFailureSink,
     WatchError,
     WatchRequest,
@@ -36,14 +48,26 @@ __all__ = [
     "LEASES",
     "NAMESPACES",
     "NODES",
+    "NODE_EVENTS",
     "RESOURCESLICES",
+    "ApiError",
+    "BadRequest",
     "ClusterConfig",
+    "Conflict",
+    "DryRun",
+    "EventRecorder",
+    "EventSink",
     "FeedResult",
+    "Forbidden",
+    "GapSink",
+    "Invalid",
     "KubeClient",
+    "KubeError",
     "KubeSettings",
     "ListFailureSink",
     "ListPage",
     "ListResult",
+    "NotFound",
     "Resource",
     "WatchError",
     "WatchOptions",
@@ -53,5 +77,6 @@ __all__ = [
     "in_cluster_config",
     "load_client",
     "load_kubeconfig",
+    "not_dry_run_view",
     "run_watch",
 ]

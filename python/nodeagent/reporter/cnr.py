@@ -29,9 +29,7 @@ from nodeagent.accumulator import Accumulator, ObjectMap, Query
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.wake import Pulse, Wake
-from nodeagent.kube import KubeClient, Resource
-from nodeagent.kube.errors import KubeError
-from nodeagent.kube.events import EventRecorder
+from nodeagent.kube import EventRecorder, KubeClient, KubeError, Resource
 from nodeagent.log import get_logger
 from nodeagent.reporter import cnr_metrics as metrics
 from nodeagent.reporter.merge import (

@@ -5,7 +5,7 @@ that recorder with the publisher's own client, for a publisher built without one
 
 from __future__ import annotations
 
-from nodeagent.kube.events import EventRecorder, EventSink
+from nodeagent.kube import EventRecorder, EventSink
 
 __all__ = ["EventSink", "NodeEvents"]
 

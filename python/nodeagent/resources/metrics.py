@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from nodeagent.kube.events import NODE_EVENTS
+from nodeagent.kube import NODE_EVENTS
 
 SYNCS = Counter(
     "nodeagent_resourceslice_syncs_total",

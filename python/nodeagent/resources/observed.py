@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import msgspec
 
 from nodeagent import _native
-from nodeagent.accumulator.model import Query, QueryStatus
+from nodeagent.accumulator import Query, QueryStatus
 from nodeagent.kube import NODES, RESOURCESLICES
 from nodeagent.log import get_logger
 

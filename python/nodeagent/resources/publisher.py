@@ -41,8 +41,7 @@ from nodeagent import _native
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.core.wake import Pulse
-from nodeagent.kube.errors import ApiError, BadRequest, Conflict, Invalid, KubeError
-from nodeagent.kube.events import EventRecorder
+from nodeagent.kube import ApiError, BadRequest, Conflict, EventRecorder, Invalid, KubeError
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
 from nodeagent.resources.desired import Desired, DesiredSlices

@@ -14,8 +14,7 @@ from typing import Any, Protocol
 import msgspec
 
 from nodeagent import _native
-from nodeagent.kube import RESOURCESLICES
-from nodeagent.kube.errors import ApiError, Conflict, NotFound
+from nodeagent.kube import RESOURCESLICES, ApiError, Conflict, NotFound
 from nodeagent.resources import metrics
 from nodeagent.resources.desired import Desired, DesiredSlices
 from nodeagent.resources.dropped import dropped_fields

@@ -11,41 +11,13 @@ Each serves the kubelet `pluginregistration.Registration` service plus its own s
 socket in the registry directory, and removes the socket when the `async with` block exits.
 """
 
-from nodeagent.sdk.devices import (
-    Capacity,
-    CounterConsumption,
-    CounterSet,
-    Device,
-    NodeAllocatable,
-    Pool,
-    Quantity,
-    RequestPolicy,
-    SemVer,
-    Taint,
-    ValidRange,
-    build_inventory,
-    build_resources,
-)
-from nodeagent.sdk.dra import DevicePlugin, default_pool_name
-from nodeagent.sdk.reporter import ReporterPlugin, ReportItem, build_report
+# Each module lists its own public names; the package's are theirs, written once.
+from nodeagent.sdk import devices, dra, reporter
+from nodeagent.sdk.devices import *  # noqa: F403
+from nodeagent.sdk.dra import *  # noqa: F403
+from nodeagent.sdk.reporter import *  # noqa: F403
 
-__all__ = [
-    "Capacity",
-    "CounterConsumption",
-    "CounterSet",
-    "Device",
-    "DevicePlugin",
-    "NodeAllocatable",
-    "Pool",
-    "Quantity",
-    "ReportItem",
-    "ReporterPlugin",
-    "RequestPolicy",
-    "SemVer",
-    "Taint",
-    "ValidRange",
-    "build_inventory",
-    "build_report",
-    "build_resources",
-    "default_pool_name",
-]
+__all__: list[str] = []
+__all__ += devices.__all__
+__all__ += dra.__all__
+__all__ += reporter.__all__

@@ -32,38 +32,13 @@ from nodeagent.protos.nodeagent.device.v1alpha1 import device_grpc, device_pb2
 from nodeagent.rpc.bridge import GrpcBridge
 from nodeagent.sdk._server import PluginServer, serving
 from nodeagent.sdk.devices import (
-    Capacity,
-    CounterConsumption,
-    CounterSet,
     Device,
-    NodeAllocatable,
     Pool,
-    Quantity,
-    RequestPolicy,
-    SemVer,
-    Taint,
-    ValidRange,
     build_inventory,
     build_resources,
 )
 
-__all__ = [
-    "Capacity",
-    "CounterConsumption",
-    "CounterSet",
-    "Device",
-    "DevicePlugin",
-    "NodeAllocatable",
-    "Pool",
-    "Quantity",
-    "RequestPolicy",
-    "SemVer",
-    "Taint",
-    "ValidRange",
-    "build_inventory",
-    "build_resources",
-    "default_pool_name",
-]
+__all__ = ["DevicePlugin", "default_pool_name"]
 
 Api = Literal["native", "seed"]
 # What a plugin lists to be given the native stream: the service's full name, from the compiled

@@ -23,7 +23,7 @@ from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc, api_pb2
 from nodeagent.rpc.bridge import GrpcBridge
 from nodeagent.sdk._server import PluginServer, serving
 
-__all__ = ["ReportItem", "ReporterPlugin"]
+__all__ = ["ReportItem", "ReporterPlugin", "build_report"]
 
 FieldType = Literal["Spec", "Status", "Metadata"]
 

@@ -31,11 +31,9 @@ from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.overlay import config_hash
-from nodeagent.kube.dryrun import DryRun
-from nodeagent.kube.events import EventRecorder
-from nodeagent.kube.settings import load_client
+from nodeagent.kube import DryRun, EventRecorder, load_client
 from nodeagent.log import get_logger, set_log_level
-from nodeagent.plugins.manager import PluginManager
+from nodeagent.plugins import PluginManager
 from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent

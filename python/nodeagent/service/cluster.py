@@ -26,14 +26,11 @@ from contextlib import asynccontextmanager
 import msgspec
 import trio
 
-from nodeagent.accumulator.accumulator import Watch
-from nodeagent.accumulator.hub import RECONNECT_GRACE, WatchHub, client_watch
+from nodeagent.accumulator import RECONNECT_GRACE, Watch, WatchHub, client_watch
 from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
-from nodeagent.kube.client import KubeClient
-from nodeagent.kube.settings import KubeSettings, load_client
-from nodeagent.kube.watch import WatchRequest
+from nodeagent.kube import KubeClient, KubeSettings, WatchRequest, load_client
 from nodeagent.log import get_logger
 from nodeagent.service.component import Readiness
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.accumulator import AccumulatorSettings
 from nodeagent.config.loader import (
     REGISTRY_SUBDIR,
     Environment,
@@ -27,8 +27,8 @@ from nodeagent.config.loader import (
     validate_section,
 )
 from nodeagent.dynconfig.settings import DynconfigSettings
-from nodeagent.kube.settings import KubeSettings
-from nodeagent.plugins.settings import PluginSettings
+from nodeagent.kube import KubeSettings
+from nodeagent.plugins import PluginSettings
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings

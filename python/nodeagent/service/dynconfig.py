@@ -17,10 +17,7 @@ from typing import Any
 import msgspec
 import trio
 
-from nodeagent.accumulator import Accumulator
-from nodeagent.accumulator.accumulator import Watch
-from nodeagent.accumulator.model import ObjectMap, Query
-from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.accumulator import Accumulator, AccumulatorSettings, ObjectMap, Query, Watch
 from nodeagent.config.loader import Override, apply_overrides, read_config_file
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
@@ -32,10 +29,7 @@ from nodeagent.dynconfig.overlay import config_hash, overlay_raw
 from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
 from nodeagent.dynconfig.state import Assignment
 from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, ConfigEvent, condition_patch
-from nodeagent.kube import NODES
-from nodeagent.kube.client import KubeClient
-from nodeagent.kube.errors import KubeError, NotFound
-from nodeagent.kube.events import EventRecorder
+from nodeagent.kube import NODES, EventRecorder, KubeClient, KubeError, NotFound
 from nodeagent.log import get_logger
 from nodeagent.service.component import Readiness
 from nodeagent.service.config import Config, build_config

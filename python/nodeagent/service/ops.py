@@ -16,7 +16,7 @@ from typing import Any, Protocol
 import prometheus_client
 import trio
 
-from nodeagent.kube.dryrun import DryRun, not_dry_run_view
+from nodeagent.kube import DryRun, not_dry_run_view
 from nodeagent.log import get_logger
 from nodeagent.service.component import FatalError
 from nodeagent.service.http import (

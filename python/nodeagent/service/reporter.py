@@ -18,16 +18,13 @@ from typing import Any
 
 import trio
 
-from nodeagent.accumulator import Accumulator
-from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.accumulator import Accumulator, AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
-from nodeagent.kube.client import KubeClient
-from nodeagent.kube.errors import KubeError, NotFound
-from nodeagent.kube.events import EventRecorder
+from nodeagent.kube import EventRecorder, KubeClient, KubeError, NotFound
 from nodeagent.log import get_logger
 from nodeagent.reporter.cnr import CnrWriter, cnr_query
 from nodeagent.reporter.merge import CNR_API_VERSION, CNR_KIND

@@ -17,13 +17,11 @@ from typing import Any
 
 import trio
 
-from nodeagent.accumulator import Accumulator
-from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.accumulator import Accumulator, AccumulatorSettings
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
-from nodeagent.kube.client import KubeClient
-from nodeagent.kube.events import EventRecorder
+from nodeagent.kube import EventRecorder, KubeClient
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.component import Readiness
