@@ -238,7 +238,7 @@ async def test_garbage_list_is_reported_and_retried(
     from prometheus_client import REGISTRY
 
     def bad() -> float:
-        return REGISTRY.get_sample_value("nodeagent_watch_bad_events_total", {"resource": ""}) or 0
+        return REGISTRY.get_sample_value("tests_informer_bad_events_total", {"resource": ""}) or 0
 
     before = bad()
     fake.objects = {"a": "3"}
