@@ -375,7 +375,10 @@ class DynconfigModel(RuleBasedStateMachine):
     )
     def create(self, name: str, shape: str, config: dict[str, Any]) -> None:
         if name not in self.objects:
-            self.objects[name] = Obj(name, f"uid-{name}-{next(_uids)}", shape, dict(config))
+            # A new object has a resourceVersion of its own: the apiserver never gives a
+            # re-created object (same name, new UID) the version of the one it replaces.
+            uid = f"uid-{name}-{next(_uids)}"
+            self.objects[name] = Obj(name, uid, shape, dict(config), rv=next(_uids))
             self._deliver(NAC.plural)
 
     @rule(name=st.sampled_from(NAMES), config=st.sampled_from(CONFIGS))
