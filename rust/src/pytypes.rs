@@ -7,6 +7,25 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyType};
 
+/// A class of this module made by a Python class factory (`namedtuple`, `IntEnum`):
+/// `factory(name, spec, module="nodeagent._native")`, its docstring set.
+fn class_from<'py>(
+    py: Python<'py>,
+    (module, factory): (&str, &str),
+    args: impl PyCallArgs<'py>,
+    doc: &str,
+) -> PyResult<Py<PyType>> {
+    let kwargs = PyDict::new(py);
+    kwargs.set_item("module", "nodeagent._native")?;
+    let class = py
+        .import(module)?
+        .getattr(factory)?
+        .call(args, Some(&kwargs))?
+        .cast_into::<PyType>()?;
+    class.setattr("__doc__", doc)?;
+    Ok(class.unbind())
+}
+
 /// A `collections.namedtuple` class of this module: results are tuples (callers may unpack or
 /// compare them as such) whose fields also have names.
 pub struct NamedTuple {
@@ -33,15 +52,12 @@ impl NamedTuple {
     pub fn class<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyType>> {
         self.class
             .get_or_try_init(py, || {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("module", "nodeagent._native")?;
-                let class = py
-                    .import("collections")?
-                    .getattr("namedtuple")?
-                    .call((self.name, self.fields.to_vec()), Some(&kwargs))?
-                    .cast_into::<PyType>()?;
-                class.setattr("__doc__", self.doc)?;
-                Ok(class.unbind())
+                class_from(
+                    py,
+                    ("collections", "namedtuple"),
+                    (self.name, self.fields.to_vec()),
+                    self.doc,
+                )
             })
             .map(|c| c.bind(py))
     }
@@ -84,15 +100,12 @@ impl IntEnum {
     pub fn class<'py>(&self, py: Python<'py>) -> PyResult<&Bound<'py, PyType>> {
         self.class
             .get_or_try_init(py, || {
-                let kwargs = PyDict::new(py);
-                kwargs.set_item("module", "nodeagent._native")?;
-                let class = py
-                    .import("enum")?
-                    .getattr("IntEnum")?
-                    .call((self.name, self.members.to_vec()), Some(&kwargs))?
-                    .cast_into::<PyType>()?;
-                class.setattr("__doc__", self.doc)?;
-                Ok(class.unbind())
+                class_from(
+                    py,
+                    ("enum", "IntEnum"),
+                    (self.name, self.members.to_vec()),
+                    self.doc,
+                )
             })
             .map(|c| c.bind(py))
     }
