@@ -15,7 +15,6 @@ changed report is rightly written."""
 
 from __future__ import annotations
 
-import json
 import pathlib
 import shutil
 import signal
@@ -25,7 +24,6 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -37,7 +35,8 @@ from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_katalyst_plugin import apiserver_cnr_writes, cnr_view
 from tests.process.test_process_resourceslices import metric_sum, until
-from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.apiserver import ApiServer
+from tests.support.audit import audit_events, start_audited_apiserver
 from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
 
 NODE = "node-w"
@@ -57,19 +56,7 @@ rules:
 
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    workdir = tmp_path_factory.mktemp("apiserver")
-    policy = workdir / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    srv = start_apiserver(
-        workdir / "srv",
-        nodes=(NODE,),
-        extra_args=[
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={workdir / 'audit.log'}",
-            "--audit-log-mode=blocking",
-            "--audit-log-format=json",
-        ],
-    )
+    srv = start_audited_apiserver(tmp_path_factory.mktemp("apiserver"), AUDIT_POLICY, (NODE,))
     try:
         yield srv
     finally:
@@ -79,22 +66,16 @@ def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 def cnr_writes_audited(apiserver: ApiServer, since: float) -> list[str]:
     """The CNR writes the apiserver received since ``since`` (time.time()): seconds after it,
     verb, subresource, user agent, user, response code."""
-    path = apiserver.dir.parent / "audit.log"  # next to the server's workdir (the fixture)
     out = []
-    for line in path.read_bytes().splitlines() if path.exists() else ():
-        with suppress(ValueError, KeyError):
-            event = json.loads(line)
-            received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
-            if received < since or event.get("stage") != "ResponseComplete":
-                continue
-            if event.get("verb") in ("get", "list", "watch"):
-                continue
-            ref = event.get("objectRef", {})
-            out.append(
-                f"+{received - since:.3f}s {event['verb']} {ref.get('subresource', '')} "
-                f"ua={event.get('userAgent')} user={event['user'].get('username')} "
-                f"code={event.get('responseStatus', {}).get('code')}"
-            )
+    for received, event in audit_events(apiserver, since):
+        if event.get("verb") in ("get", "list", "watch"):
+            continue
+        ref = event.get("objectRef", {})
+        out.append(
+            f"+{received - since:.3f}s {event['verb']} {ref.get('subresource', '')} "
+            f"ua={event.get('userAgent')} user={event['user'].get('username')} "
+            f"code={event.get('responseStatus', {}).get('code')}"
+        )
     return out
 
 

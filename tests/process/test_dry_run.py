@@ -18,7 +18,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import suppress
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -39,7 +38,8 @@ from tests.process.test_process_resourceslices import (
     settled,
     until,
 )
-from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.apiserver import ApiServer
+from tests.support.audit import audit_events, start_audited_apiserver
 from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
 
 # Every write, at Metadata level: verb, object, user, user agent and the request URI (which
@@ -61,19 +61,7 @@ LOCAL_WRITE_TTL = 2.0
 
 @pytest.fixture(scope="module")
 def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    workdir = tmp_path_factory.mktemp("apiserver")
-    policy = workdir / "audit-policy.yaml"
-    policy.write_text(AUDIT_POLICY)
-    srv = start_apiserver(
-        workdir / "srv",
-        nodes=(NODE,),
-        extra_args=[
-            f"--audit-policy-file={policy}",
-            f"--audit-log-path={workdir / 'audit.log'}",
-            "--audit-log-mode=blocking",
-            "--audit-log-format=json",
-        ],
-    )
+    srv = start_audited_apiserver(tmp_path_factory.mktemp("apiserver"), AUDIT_POLICY, (NODE,))
     try:
         yield srv
     finally:
@@ -117,30 +105,24 @@ def plugin(registry: str) -> Iterator[subprocess.Popen[str]]:
 
 def audited_writes(apiserver: ApiServer, since: float) -> list[dict[str, Any]]:
     """node-a's writes the apiserver answered since ``since`` (time.time()), oldest first."""
-    path = apiserver.dir.parent / "audit.log"
     out = []
-    for line in path.read_bytes().splitlines() if path.exists() else ():
-        with suppress(ValueError, KeyError):
-            event = json.loads(line)
-            received = datetime.fromisoformat(event["requestReceivedTimestamp"]).timestamp()
-            if received < since or event.get("stage") != "ResponseComplete":
-                continue
-            if event["user"].get("username") != f"system:node:{NODE}":
-                continue
-            query = parse_qs(urlsplit(event["requestURI"]).query)
-            ref = event.get("objectRef", {})
-            out.append(
-                {
-                    "verb": event["verb"],
-                    "resource": ref.get("resource", ""),
-                    "subresource": ref.get("subresource", ""),
-                    "namespace": ref.get("namespace", ""),
-                    "name": ref.get("name", ""),
-                    "dry_run": query.get("dryRun") == ["All"],
-                    "user_agent": event.get("userAgent", ""),
-                    "code": event.get("responseStatus", {}).get("code"),
-                }
-            )
+    for _, event in audit_events(apiserver, since):
+        if event["user"].get("username") != f"system:node:{NODE}":
+            continue
+        query = parse_qs(urlsplit(event["requestURI"]).query)
+        ref = event.get("objectRef", {})
+        out.append(
+            {
+                "verb": event["verb"],
+                "resource": ref.get("resource", ""),
+                "subresource": ref.get("subresource", ""),
+                "namespace": ref.get("namespace", ""),
+                "name": ref.get("name", ""),
+                "dry_run": query.get("dryRun") == ["All"],
+                "user_agent": event.get("userAgent", ""),
+                "code": event.get("responseStatus", {}).get("code"),
+            }
+        )
     return out
 
 
