@@ -132,6 +132,9 @@ async def test_one_node_watch_for_both_consumers_and_no_probe_while_it_shows_the
         for acc, snap in zip((publisher, dynconfig), snaps, strict=True):
             await until_label(acc, snap, value)
         assert cluster.watches is not None and cluster.watches.watches == 1
+        # Counted from the component's first look that found the watch live: a probe sent
+        # before it (the watch still listing) may still be answered after the label is seen.
+        await until_watches_live(cluster)
         # The probe (every 0.5 s here) is skipped while the watch shows the server: over 5 s,
         # none, where there would have been about 10.
         probes = requests("get", "readyz")
