@@ -8,6 +8,7 @@ member per flush (WatchListCompression): every event after the list is still hea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -79,7 +80,10 @@ async def test_initial_events_end_bookmark_then_the_same_stream_watches(
     last = json.loads(await admin_client.create(CONFIGMAPS, cm("c", v="1"), ns))
     sink = ListRecorder()
     config = client_for(apiserver, "admin").config
-    async with GatedClient(config, watch=STREAM) as client, trio.open_nursery() as nursery:
+    # The one connection must outlive the list and the new object's event on a loaded machine:
+    # a watch the server ends after STREAM's 5 s would reconnect and fail the count below.
+    one = dataclasses.replace(STREAM, server_timeout=(120, 120))
+    async with GatedClient(config, watch=one) as client, trio.open_nursery() as nursery:
         client.notify = sink
         nursery.start_soon(
             lambda: run_watch(client, WatchRequest(CONFIGMAPS, ns), sink, on_synced=sink.on_synced)
