@@ -51,6 +51,11 @@ __all__ = ["admin", "grpcio_modules"]  # fixtures, re-used
 
 async def settle(pub: Publisher) -> None:
     """Until the publisher has taken in every input already given and has nothing queued."""
+    with trio.fail_after(TIMEOUT):
+        # Its own word for the inventories: all tasks blocked is not "taken in" when an
+        # inventory is converted in a worker thread (resources.thread_threshold).
+        await pub.wait_inventories()
+    # Timers already due (the start-up grace) have run, queueing what they found.
     await trio.testing.wait_all_tasks_blocked(0.05)
     await quiet(pub)
 
