@@ -16,8 +16,6 @@ from contextlib import suppress
 
 import msgspec
 import pytest
-import trio
-import trio.testing
 
 from nodeagent.kube import NODES, RESOURCESLICES, errors
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
@@ -27,7 +25,7 @@ from nodeagent.resources.dropped import FIELD_GATES, present_fields
 from nodeagent.resources.model import desired_slices
 from nodeagent.sdk import Device, Taint, build_inventory
 from tests.integration.conftest import client_for
-from tests.integration.test_resourceslice_gates import _settled, _versions
+from tests.integration.test_resourceslice_gates import _settled, _versions, taken_in
 from tests.integration.test_resourceslices import (
     DRIVER,
     NODE,
@@ -128,7 +126,7 @@ async def test_each_release_keeps_or_reports_every_field(server: ApiServer) -> N
                 assert metrics.FIELDS_DROPPED.labels(DRIVER, field)._value.get() >= 1
             writes = pub.writes
             plugins.send(every_field())
-            await trio.testing.wait_all_tasks_blocked(0.05)
+            await taken_in(pub)
             await quiet(pub)
             assert pub.writes == writes
             assert _versions(await node_slices(admin)) == _versions(items)
