@@ -56,6 +56,8 @@ async def test_a_flood_is_processed_newest_first_and_the_last_message_always(
     channel = manager.channel("ReporterPlugin")
     info = reg.PluginInfo(type="ReporterPlugin", name="flood", supported_versions=["v1alpha1"])
     flood = _FloodingReporter(crashes=0, count=count)
+    interval = manager.live.value.stream_min_interval
+    started = trio.current_time()
     async with bridge.serve([ScriptedRegistration(info), flood], os.path.join(registry, "f.sock")):
         await wait_until(
             manager,
@@ -65,11 +67,14 @@ async def test_a_flood_is_processed_newest_first_and_the_last_message_always(
                 == str(count).encode()
             ),
         )
+        elapsed = trio.current_time() - started
         status = plugin_status(manager, "flood")
         assert status is not None
-        # Every message was read; at most one per stream_min_interval (0.1 s) was processed.
+        # Every message was read; at most one per stream_min_interval (0.1 s) was processed
+        # (the first at once, the newest when the flood ends), over however long the reading
+        # took: a loaded machine reads 500 messages more slowly, not a bound of its own.
         assert status["messages_received"] + status["messages_skipped"] == count
-        assert status["messages_received"] <= count // 10
+        assert status["messages_received"] <= 2 + elapsed / interval, elapsed
         assert status["stream_restarts"] == 0
 
 
