@@ -403,7 +403,14 @@ async def test_failing_notify_does_not_undo_a_registration(
     service = _NoNotify(_info("mute"))
     async with bridge.serve([service, CrashingReporter(0)], os.path.join(registry, "mute.sock")):
         await wait_until(manager, lambda: "mute" in manager.channel("ReporterPlugin").value)
+        # The notify is sent once the plugin is registered, and its stream opened: its failure
+        # can come back after the stream's first message. It changes no state the manager
+        # announces, so it is polled (bounded); the registration must stand after it.
+        with trio.fail_after(WAIT):
+            while _errors("notify") < notify_errors + 1:  # noqa: ASYNC110
+                await trio.sleep(0.01)
         assert state_of(manager, "mute") == "registered"
+        assert manager.channel("ReporterPlugin").value["mute"].registered
         assert _errors("notify") == notify_errors + 1
 
 
