@@ -56,7 +56,10 @@ apiserver = apiserver_fixture(scope="module")
 NODE = "node-a"
 PLUGIN = "kat-upstream"
 RPC_TIMEOUT = 10.0
-GRACE = 4.0  # reporter.grace of the agents here: short, so the test sees it run out
+# reporter.grace of the agents here: short, so the test sees it run out, and long enough that
+# the CNR read after the agent saw the plugin stop (a /metrics poll and two requests on a
+# loaded machine) comes well within it.
+GRACE = 8.0
 LABEL = "katalyst.example.com/reporter"
 
 NIC_ZONE = {
