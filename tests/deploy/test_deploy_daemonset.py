@@ -23,14 +23,14 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import msgspec
 import pytest
 import trio
 
-from nodeagent.kube import NODES, RESOURCESLICES, ClusterConfig, KubeClient, errors
+from nodeagent.kube import NODES, RESOURCESLICES, ClusterConfig, KubeClient, Resource, errors
 from tests.deploy.manifests import (
     CONFIG_FILE,
     PLAIN,
@@ -378,10 +378,7 @@ async def test_the_daemonset_identity_cannot_write_another_nodes_objects(
 ) -> None:
     admin = installed
     async with _client(apiserver, token) as pod:
-        # RBAC and policies reach the apiserver's informers a moment after they are applied.
-        await _until(
-            lambda: _slice_policy_enforced(pod, install), "the ResourceSlice policy in force"
-        )
+        await _until(lambda: _policies_enforced(pod, install), "the three policies in force")
         # Its own node's slices: create, update and delete allowed.
         own = msgspec.json.decode(await pod.create(RESOURCESLICES, _slice(NODE, "own-slice")))
         own["metadata"]["labels"] = {"a": "b"}
@@ -442,25 +439,70 @@ async def test_the_daemonset_identity_cannot_write_another_nodes_objects(
     await admin.delete(RESOURCESLICES, "foreign-slice")
 
 
-async def _dry_run_create(client: KubeClient, body: dict[str, Any]) -> None:
+async def _dry_run(
+    client: KubeClient,
+    resource: Resource,
+    body: dict[str, Any],
+    *,
+    name: str | None = None,
+    subresource: str | None = None,
+) -> None:
+    """A create (or, with ``name``, a strategic-merge patch) with ``dryRun=All``: admitted or
+    refused as the write would be, and never stored."""
     await client.request(
-        "POST",
-        RESOURCESLICES.path(None),
+        "POST" if name is None else "PATCH",
+        resource.path(None, name, subresource),
         params={"dryRun": "All"},
         body=msgspec.json.encode(body),
-        content_type="application/json",
-        verb="create",
-        resource=RESOURCESLICES.plural,
+        content_type=(
+            "application/json" if name is None else "application/strategic-merge-patch+json"
+        ),
+        verb="create" if name is None else "patch",
+        resource=resource.plural,
         idempotent=False,
     )
 
 
-async def _slice_policy_enforced(client: KubeClient, install: Install) -> bool:
+async def _dry_run_create(client: KubeClient, body: dict[str, Any]) -> None:
+    await _dry_run(client, RESOURCESLICES, body)
+
+
+async def _refused_by(write: Awaitable[None], policy: str) -> bool:
     try:
-        await _dry_run_create(client, _slice(OTHER, "probe"))
+        await write
     except errors.Forbidden as exc:
-        return f"{install.policy_prefix}-resourceslices-own-node-sa" in exc.message
+        return policy in exc.message
     return False
+
+
+async def _slice_policy_enforced(client: KubeClient, install: Install) -> bool:
+    return await _refused_by(
+        _dry_run_create(client, _slice(OTHER, "probe")),
+        f"{install.policy_prefix}-resourceslices-own-node-sa",
+    )
+
+
+async def _policies_enforced(client: KubeClient, install: Install) -> bool:
+    """Each of the chart's three per-node policies refuses a dry run on another node's object
+    (RBAC, policies and their bindings reach the apiserver's informers one by one, a moment
+    after they are applied)."""
+    condition = {"type": CONDITION, "status": "True", "reason": "Local", "message": "probe"}
+    return (
+        await _slice_policy_enforced(client, install)
+        and await _refused_by(
+            _dry_run(client, CNR, cnr(OTHER)), f"may write only the CustomNodeResource named {NODE}"
+        )
+        and await _refused_by(
+            _dry_run(
+                client,
+                NODES,
+                {"status": {"conditions": [condition]}},
+                name=OTHER,
+                subresource="status",
+            ),
+            f"may patch only the status of Node {NODE}",
+        )
+    )
 
 
 async def test_a_token_not_bound_to_a_node_is_refused(
