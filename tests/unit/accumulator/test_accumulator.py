@@ -791,7 +791,6 @@ async def test_forbidden_after_a_good_list_serves_empty(
         acc.update(snap)
         assert len(snap.cms) == 3
         client.revoke("configmaps")  # RBAC revoked; the relist is Forbidden
-        revoked_at = trio.current_time()
         # Issue 24 s5: at first taken for an apiserver that has just restarted (its authorizer
         # refuses until its caches sync): the last state is kept, not known, retried soon.
         await trio.sleep(10)
@@ -822,10 +821,13 @@ async def test_forbidden_after_a_good_list_serves_empty(
         # Writes seen meanwhile do not make it look known again.
         client.write(write("create", obj("c", 4), "c"))
         assert not acc.update(snap) and len(snap.cms) == 0
-        # Access restored: the next attempt (after forbidden_retry) lists for real.
+        # Access restored: the next attempt lists for real, within forbidden_retry (served as
+        # empty as early as 120 s after the revocation, an attempt may have fallen just before
+        # the restoration at 230 s and been refused again: the next is 100 s after that one).
+        restored_at = trio.current_time()
         client.forbidden.discard("configmaps")
         cm = await client.sink("configmaps")
-        assert 100 < trio.current_time() - revoked_at <= 120 + 100 + 100
+        assert trio.current_time() - restored_at <= 100
         await synced(cm, obj("a", 1), obj("c", 4), rv=5)
         await acc.changed()
         assert acc.update(snap, deltas)
