@@ -27,12 +27,13 @@ from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import (
     DRIVER,
     NODE,
-    TIMEOUT,
     Plugins,
     node_slices,
     publisher,
     quiet,
+    settle,
     until,
+    versions,
 )
 from tests.support.apiserver import ApiServer, start_apiserver
 
@@ -161,18 +162,6 @@ async def _settled(pub: Any, admin: KubeClient, count: int) -> list[dict[str, An
     return items
 
 
-async def taken_in(pub: Any) -> None:
-    """Until the inventory sent last is taken in (its pools queued if it changed them): by the
-    publisher's own word, as all tasks blocked is not that while a large inventory is converted
-    in a worker thread (resources.thread_threshold)."""
-    with trio.fail_after(TIMEOUT):
-        await pub.wait_inventories()
-
-
-def _versions(items: list[dict[str, Any]]) -> dict[str, str]:
-    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
-
-
 async def _node_events(admin: KubeClient, reason: str) -> list[dict[str, Any]]:
     body = await admin.request(
         "GET",
@@ -209,11 +198,10 @@ async def test_partitioned_pool_publishes_with_the_gates_on_and_rests(
         # resourceSliceCount counts the counter slice.
         assert {o["spec"]["pool"]["resourceSliceCount"] for o in items} == {2}
         assert {o["spec"]["pool"]["generation"] for o in items} == {1}
-        before = _versions(items)
+        before = versions(items)
         # Unchanged: the same inventory again makes no write either.
         plugins.send(partitioned_gpu())
-        await taken_in(pub)
-        await quiet(pub)
+        await settle(pub)
         assert pub.writes == 2
 
     # A restart with the same inventory makes no write at all.
@@ -224,7 +212,7 @@ async def test_partitioned_pool_publishes_with_the_gates_on_and_rests(
         await trio.testing.wait_all_tasks_blocked(0.05)
         await quiet(pub2)
         assert pub2.writes == 0
-    assert _versions(await node_slices(admin_on)) == before
+    assert versions(await node_slices(admin_on)) == before
 
 
 async def test_a_changed_counter_set_is_one_update(
@@ -236,7 +224,7 @@ async def test_a_changed_counter_set_is_one_update(
     plugins.send(partitioned_gpu())
     async with publisher(gates_on, plugins) as pub:
         items = await _settled(pub, admin_on, 2)
-        names = sorted(_versions(items))
+        names = sorted(versions(items))
         bigger = partitioned_gpu()
         bigger.pools[0].shared_counters[0].counters["memory"].value = "80Gi"
         plugins.send(bigger)
@@ -253,7 +241,7 @@ async def test_a_changed_counter_set_is_one_update(
         got = await until(updated, "the counter set updated")
         await quiet(pub)
         assert pub.writes == 3
-        assert sorted(_versions(got)) == names
+        assert sorted(versions(got)) == names
         assert {o["spec"]["pool"]["generation"] for o in got} == {1}
 
 
@@ -290,7 +278,7 @@ async def test_default_gates_drop_fields_and_say_so_once(
         (event,) = await until(warned, "the Event")
         for f, gate in dropped.items():
             assert f"{f} (feature gate {gate})" in event["message"]
-        before = _versions(items)
+        before = versions(items)
         # A device added: the pool is rewritten, the same fields dropped again: no new report.
         more = partitioned_gpu()
         more.pools[0].devices.append(device_pb2.Device(name="gpu-1"))
@@ -302,7 +290,7 @@ async def test_default_gates_drop_fields_and_say_so_once(
 
         await until(grown, "the new device")
         await quiet(pub)
-        assert _versions(await node_slices(admin_off)) != before
+        assert versions(await node_slices(admin_off)) != before
         for f in dropped:
             assert metrics.FIELDS_DROPPED.labels(DRIVER, f)._value.get() == counted[f] + 1
         await trio.sleep(0.5)  # the Event sender is a background task: let a second one show
@@ -398,7 +386,7 @@ async def test_a_refused_new_generation_leaves_the_complete_pool_published(
     plugins = Plugins()
     plugins.send(_gpus(200))
     async with publisher(gates_on, plugins, invalid_retry_interval=3600.0) as pub:
-        before = _versions(await _settled(pub, admin_on, 2))
+        before = versions(await _settled(pub, admin_on, 2))
         writes, dry = pub.writes, metrics.DRY_RUNS.labels("error")._value.get()
         plugins.send(_gpus(260, bad=259))
 
@@ -411,7 +399,7 @@ async def test_a_refused_new_generation_leaves_the_complete_pool_published(
         assert pub.writes == writes
         assert metrics.DRY_RUNS.labels("error")._value.get() == dry + 1
         items = await node_slices(admin_on)
-        assert _versions(items) == before
+        assert versions(items) == before
         assert {
             (o["spec"]["pool"]["generation"], o["spec"]["pool"]["resourceSliceCount"])
             for o in items
@@ -440,7 +428,7 @@ async def test_a_restart_on_default_gates_makes_no_write(
     plugins = Plugins()
     plugins.send(partitioned_gpu())
     async with publisher(gates_off, plugins) as pub:
-        before = _versions(await _settled(pub, admin_off, 2))
+        before = versions(await _settled(pub, admin_off, 2))
     dry = metrics.DRY_RUNS.labels("ok")._value.get()
     async with publisher(gates_off, plugins, startup_grace=1.0) as pub2:
         started = trio.current_time()
@@ -456,5 +444,5 @@ async def test_a_restart_on_default_gates_makes_no_write(
             "sharedCounters",
         }
     items = await node_slices(admin_off)
-    assert _versions(items) == before
+    assert versions(items) == before
     assert {o["spec"]["pool"]["generation"] for o in items} == {1}

@@ -25,14 +25,15 @@ from nodeagent.resources.dropped import FIELD_GATES, present_fields
 from nodeagent.resources.model import desired_slices
 from nodeagent.sdk import Device, Taint, build_inventory
 from tests.integration.conftest import client_for
-from tests.integration.test_resourceslice_gates import _settled, _versions, taken_in
+from tests.integration.test_resourceslice_gates import _settled
 from tests.integration.test_resourceslices import (
     DRIVER,
     NODE,
     Plugins,
     node_slices,
     publisher,
-    quiet,
+    settle,
+    versions,
 )
 from tests.support.apiserver import (
     RELEASE_ENV,
@@ -126,8 +127,7 @@ async def test_each_release_keeps_or_reports_every_field(server: ApiServer) -> N
                 assert metrics.FIELDS_DROPPED.labels(DRIVER, field)._value.get() >= 1
             writes = pub.writes
             plugins.send(every_field())
-            await taken_in(pub)
-            await quiet(pub)
+            await settle(pub)
             assert pub.writes == writes
-            assert _versions(await node_slices(admin)) == _versions(items)
+            assert versions(await node_slices(admin)) == versions(items)
         await admin.delete_collection(RESOURCESLICES, field_selector=f"spec.nodeName={NODE}")

@@ -131,6 +131,22 @@ async def quiet(pub: Publisher) -> None:
         await pub.wait_idle()
 
 
+async def settle(pub: Publisher) -> None:
+    """Until the publisher has taken in every input already given and has nothing queued."""
+    with trio.fail_after(TIMEOUT):
+        # Its own word for the inventories: all tasks blocked is not "taken in" when an
+        # inventory is converted in a worker thread (resources.thread_threshold).
+        await pub.wait_inventories()
+    # Timers already due (the start-up grace) have run, queueing what they found.
+    await trio.testing.wait_all_tasks_blocked(0.05)
+    await quiet(pub)
+
+
+def versions(items: list[dict[str, Any]]) -> dict[str, str]:
+    """Each slice's resourceVersion by name."""
+    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
+
+
 async def test_publish_update_and_restart_without_writes(
     apiserver: ApiServer, admin: KubeClient
 ) -> None:

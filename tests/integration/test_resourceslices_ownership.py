@@ -36,9 +36,9 @@ from tests.integration.test_resourceslices import (
     inventory,
     node_slices,
     publisher,
+    settle,
     until,
 )
-from tests.integration.test_resourceslices_write_scope import settle
 from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer
 from tests.support.resources import CLUSTERROLEBINDINGS, CLUSTERROLES, SERVICEACCOUNTS

@@ -37,7 +37,9 @@ from tests.integration.test_resourceslices import (
     node_slices,
     publisher,
     quiet,
+    settle,
     until,
+    versions,
 )
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN, grpcio_modules
@@ -47,21 +49,6 @@ from tests.support.watch import EventSink
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin", "grpcio_modules"]  # fixtures, re-used
-
-
-async def settle(pub: Publisher) -> None:
-    """Until the publisher has taken in every input already given and has nothing queued."""
-    with trio.fail_after(TIMEOUT):
-        # Its own word for the inventories: all tasks blocked is not "taken in" when an
-        # inventory is converted in a worker thread (resources.thread_threshold).
-        await pub.wait_inventories()
-    # Timers already due (the start-up grace) have run, queueing what they found.
-    await trio.testing.wait_all_tasks_blocked(0.05)
-    await quiet(pub)
-
-
-def versions(items: list[dict[str, Any]]) -> dict[str, str]:
-    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in items}
 
 
 class SliceEvents(EventSink):
