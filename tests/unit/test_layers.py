@@ -58,7 +58,8 @@ ALLOWED: dict[str, set[str]] = {
     "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos", "_native"},
     "dynconfig": {"checkpoint", "core", "log"},
     "accumulator": {"kube", "core", "log", "_native"},
-    "sdk": {"rpc", "core", "protos"},
+    # A DRA driver reads ResourceClaims and checkpoints its prepared claims (sdk/kubelet.py).
+    "sdk": {"rpc", "kube", "checkpoint", "core", "log", "protos"},
     "plugins": {"rpc", "core", "log", "protos", "_native"},  # DRA message shape rules
     "kube": {"core", "log"},
     "checkpoint": {"core", "log"},
@@ -161,6 +162,18 @@ EXPORTS: dict[str, set[str]] = {
         "run_in_trio",
     },
     "sdk": {
+        "AllocatedDevice",
+        "Claim",
+        "ClaimRef",
+        "ContainerEdits",
+        "DeviceHealth",
+        "DeviceNode",
+        "Health",
+        "KubeletPlugin",
+        "Mount",
+        "OpaqueConfig",
+        "PreparedDevice",
+        "cdi_kind_for",
         "Capacity",
         "CounterConsumption",
         "CounterSet",

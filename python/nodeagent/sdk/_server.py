@@ -143,5 +143,19 @@ async def _serving(
                 os.unlink(path)  # already gone, possibly with its directory
 
 
+@contextlib.asynccontextmanager
+async def socket_served(bridge: GrpcBridge, services: list[Any], path: str) -> AsyncIterator[None]:
+    """Serve `services` on unix socket `path` (a stale socket replaced) until the block exits,
+    then remove the socket."""
+    _make_dir(os.path.dirname(path))
+    remove_stale_socket(path)
+    try:
+        async with bridge.serve(services, path):
+            yield
+    finally:
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            os.unlink(path)
+
+
 def _make_dir(path: str) -> None:
     os.makedirs(path, mode=0o750, exist_ok=True)
