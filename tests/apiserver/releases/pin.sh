@@ -7,8 +7,12 @@
 #
 #   bash tests/apiserver/releases/pin.sh v1.37.2
 #
-# Run it to add a release or move one to a new patch version; build.sh reads
-# only the files this writes.
+# It also writes releases/<minor>/node.mod and node.sum, the same pins without etcd
+# for the node binary (node/: kubelet + kube-scheduler, its own module, tidied
+# against node/*.go; build-node.sh).
+#
+# Run it to add a release or move one to a new patch version; build.sh and
+# build-node.sh read only the files this writes.
 set -euo pipefail
 
 version="${1:?usage: pin.sh vMAJOR.MINOR.PATCH}"
@@ -50,4 +54,8 @@ mkdir -p "$out"
 } > "$out/go.mod"
 rm -f "$out/go.sum"
 "$GO" mod tidy -modfile="$out/go.mod"
+sed -e 's#^module nodeagent/tests/apiserver$#module nodeagent/tests/apiserver/node#' \
+  -e '/^	go\.etcd\.io\/etcd\/server\/v3 /d' "$out/go.mod" > "$out/node.mod"
+cp "$out/go.sum" "$out/node.sum"
+(cd node && "$GO" mod tidy -modfile="../$out/node.mod")
 echo "pin.sh: $out/go.mod: k8s.io/kubernetes $version, etcd $etcd, go $godir" >&2
