@@ -332,12 +332,116 @@ def test_a_null_config_value_is_refused(tmp_path: pathlib.Path, checked: bool) -
         ("config.kubernetes.qps=5", "kubernetes"),
         ("config.agent.node_name=x", "config.agent.node_name"),
         ("config.plugins.registry_dir=/x", "config.plugins.registry_dir"),
+        ("daemonset.kubeletPlugins.dir=var/lib/kubelet", "/daemonset/kubeletPlugins/dir"),
+        ("daemonset.kubeletPlugins.dir=/var/lib/kubelet/", "/daemonset/kubeletPlugins/dir"),
+        ("daemonset.kubeletPlugins.enable=true", "enable"),
+        ("daemonset.kubeletPlugins.watchRegistry=yes", "/daemonset/kubeletPlugins/watchRegistry"),
+        # The kubelet's registry is watched only where it is mounted.
+        ("daemonset.kubeletPlugins.watchRegistry=true", "/daemonset/kubeletPlugins/enabled"),
+        ("daemonset.extraVolumes[0].emptyDir.medium=Memory", "/daemonset/extraVolumes/0"),
+        ("daemonset.extraVolumeMounts[0].name=x", "/daemonset/extraVolumeMounts/0"),
+        ("daemonset.extraVolumeMounts=x", "/daemonset/extraVolumeMounts"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(assignment: str, named: str) -> None:
     answer = helm("template", "x", str(CHART), "--set", assignment, check=False)
     assert answer.returncode != 0
     assert named in answer.stderr, answer.stderr
+
+
+def test_watch_registry_without_the_mounts_is_refused_past_the_schema() -> None:
+    args = ["template", "x", str(CHART), "--skip-schema-validation"]
+    answer = helm(*args, "--set", "daemonset.kubeletPlugins.watchRegistry=true", check=False)
+    assert answer.returncode != 0
+    assert "daemonset.kubeletPlugins.watchRegistry: needs" in answer.stderr, answer.stderr
+
+
+def _pod(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The DaemonSet's pod spec and its one container."""
+    spec: dict[str, Any] = _only(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    return spec, container
+
+
+def _registry_arg(container: dict[str, Any]) -> str:
+    (arg,) = [a for a in container["args"] if a.startswith("--registry-dir=")]
+    return arg.removeprefix("--registry-dir=")
+
+
+def _host_mounts(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """mountPath -> hostPath of every hostPath volume the container mounts."""
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    return {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]
+        for m in container["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+
+
+def test_by_default_the_agent_watches_its_own_registry_only() -> None:
+    spec, container = _pod(template())
+    assert _registry_arg(container) == "/var/lib/nodeagent/plugins_registry"
+    assert _host_mounts(spec, container) == {
+        "/var/lib/nodeagent": {"path": "/var/lib/nodeagent", "type": "DirectoryOrCreate"}
+    }
+    assert [v["name"] for v in spec["volumes"]] == ["state", "tmp"]
+
+
+@pytest.mark.parametrize("watch", [False, True])
+@pytest.mark.parametrize("kubelet_dir", ["/var/lib/kubelet", "/srv/kubelet"])
+def test_kubelet_plugins_mount_the_kubelets_directories(watch: bool, kubelet_dir: str) -> None:
+    """daemonset.kubeletPlugins: <dir>/plugins and <dir>/plugins_registry as hostPaths at the same
+    paths in the pod (valid objects); watchRegistry: the agent's registry dir is the kubelet's."""
+    sets = [
+        "daemonset.kubeletPlugins.enabled=true",
+        f"daemonset.kubeletPlugins.dir={kubelet_dir}",
+        f"daemonset.kubeletPlugins.watchRegistry={str(watch).lower()}",
+        "daemonset.hostStateDir=/var/lib/agent",
+    ]
+    docs = template(sets=sets)
+    spec, container = _pod(docs)
+    kubelet = {
+        f"{kubelet_dir}/{sub}": {"path": f"{kubelet_dir}/{sub}", "type": "DirectoryOrCreate"}
+        for sub in ("plugins", "plugins_registry")
+    }
+    state = {"/var/lib/agent": {"path": "/var/lib/agent", "type": "DirectoryOrCreate"}}
+    assert _host_mounts(spec, container) == state | kubelet
+    registry = f"{kubelet_dir if watch else '/var/lib/agent'}/plugins_registry"
+    assert _registry_arg(container) == registry
+    assert "--state-dir=/var/lib/agent" in container["args"]
+    validated = kubernetes_validate.validate(
+        _only(docs, "DaemonSet"), harness_version(), strict=True
+    )
+    assert validated == harness_version().rsplit(".", 1)[0]
+
+
+def test_watch_registry_keeps_registry_dir_out_of_config(tmp_path: pathlib.Path) -> None:
+    # The chart sets plugins.registry_dir (the --registry-dir arg) whichever registry it is.
+    values = tmp_path / "values.yaml"
+    values.write_text(
+        "daemonset: {kubeletPlugins: {enabled: true, watchRegistry: true}}\n"
+        "config: {plugins: {registry_dir: /var/lib/kubelet/plugins_registry}}\n"
+    )
+    answer = helm("template", "x", str(CHART), "--values", str(values), check=False)
+    assert answer.returncode != 0
+    assert "config.plugins.registry_dir: set by the chart" in answer.stderr, answer.stderr
+    values.write_text(
+        "daemonset: {kubeletPlugins: {enabled: true, watchRegistry: true}}\n"
+        "config: {plugins: {scan_interval: 2}}\n"
+    )
+    docs = template(values=[values])
+    _, container = _pod(docs)
+    assert _registry_arg(container) == "/var/lib/kubelet/plugins_registry"
+    assert "registry_dir" not in _only(docs, "ConfigMap")["data"]["config.toml"]
+
+
+def test_extra_volumes_and_mounts_pass_through() -> None:
+    values = _full_values()["daemonset"]
+    spec, container = _pod(_render("full"))
+    assert values["extraVolumes"] and values["extraVolumeMounts"]
+    assert spec["volumes"][-len(values["extraVolumes"]) :] == values["extraVolumes"]
+    mounts = container["volumeMounts"]
+    assert mounts[-len(values["extraVolumeMounts"]) :] == values["extraVolumeMounts"]
 
 
 def test_the_monitoring_objects_carry_deploy_monitoring() -> None:
