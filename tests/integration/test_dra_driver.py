@@ -14,8 +14,10 @@ ServiceAccount, which needs `get` on resourceclaims. Both are shown below.
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,14 @@ async def namespace(admin: KubeClient) -> str:
     name = f"dra-{uuid.uuid4().hex[:8]}"
     await admin.create(NAMESPACES, {"metadata": {"name": name}})
     return name
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory: socket paths must fit AF_UNIX's 108 bytes (pytest's are longer)."""
+    path = Path(tempfile.mkdtemp(prefix="na-dra-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
