@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,3 +77,60 @@ async def test_example_plugin_runs_registers_and_stops_cleanly(
         if process.returncode is None:
             process.kill()
             await process.wait()
+
+
+async def test_example_dra_driver_registers_with_the_agent_and_the_kubelet(
+    manager: PluginManager, registry: str
+) -> None:
+    """examples/dra_gpu_driver.py: its pool (partitions on counter sets, a tainted GPU) reaches
+    the agent, its kubelet registration and endpoint are where a kubelet looks, and SIGTERM
+    removes every socket. (Prepared on a real kubelet: tests/realnode.)"""
+    # Beside the registry, not in it: the agent watches its registry's subdirectories too.
+    kubelet_dir = Path(registry + "-kubelet")
+    process = await trio.lowlevel.open_process(
+        [
+            sys.executable,
+            str(EXAMPLES / "dra_gpu_driver.py"),
+            "--registry-dir",
+            registry,
+            "--kubelet-dir",
+            str(kubelet_dir),
+            "--cdi-dir",
+            str(kubelet_dir / "cdi"),
+            "--gpus",
+            "2",
+            "--tainted",
+            "1",
+        ],
+        stderr=subprocess.DEVNULL,
+    )
+    name = "gpu.example.com"
+    try:
+        channel = manager.channel("DRAPlugin")
+        await wait_until(manager, lambda: name in channel.value, within=WAIT * 2)
+        message = channel.value[name].message
+        assert isinstance(message, device_pb2.Inventory)
+        (pool,) = message.pools
+        assert [c.name for c in pool.shared_counters] == ["gpu-0-counters", "gpu-1-counters"]
+        tainted = {d.name for d in pool.devices if d.taints}
+        assert [d.name for d in pool.devices] == [
+            "gpu-0",
+            "gpu-0-a",
+            "gpu-0-b",
+            "gpu-1",
+            "gpu-1-a",
+            "gpu-1-b",
+        ]
+        assert tainted == {"gpu-1", "gpu-1-a", "gpu-1-b"}
+        assert (kubelet_dir / "plugins_registry" / f"{name}-reg.sock").is_socket()
+        assert (kubelet_dir / "plugins" / name / "dra.sock").is_socket()
+        process.send_signal(signal.SIGTERM)
+        with trio.fail_after(WAIT):
+            assert await process.wait() == 0
+        assert _sockets(registry) == []
+        assert _sockets(str(kubelet_dir)) == []
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        shutil.rmtree(kubelet_dir, ignore_errors=True)
