@@ -14,7 +14,13 @@ device node's ``hostPath`` or a device name starting with a digit (a claim UID u
 
 Files are written atomically (a dot-file in the same directory, fsynced, renamed over): a
 runtime reading the directory sees the old spec or the new one, never half of one; CDI libraries
-skip dot-files.
+read only ``*.json`` and ``*.yaml`` files, so not the temporary file.
+
+The CDI library parses a spec with a YAML decoder (JSON is YAML): the JSON is written with
+``\\uXXXX`` escapes for every non-ASCII character of the Basic Multilingual Plane (YAML refuses
+raw C1 controls and U+FFFE/U+FFFF, and folds a raw U+0085 as a line break) and characters above
+U+FFFF as UTF-8 (YAML has no surrogate-pair escapes: json.dumps's escape of an emoji fails to
+parse).
 """
 
 from __future__ import annotations
@@ -31,10 +37,14 @@ __all__ = ["ContainerEdits", "DeviceNode", "Mount", "cdi_kind_for"]
 
 # tags.cncf.io/container-device-interface/pkg/parser: vendor "foo.com" (letters, digits, and
 # '.', '-', '_' inside), class "gpu" (letters, digits, and '-', '_', '.' inside, '.' needs 0.6.0).
-_VENDOR = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?$")
-_CLASS = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?$")
-_DEVICE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
-_ENV_NAME = re.compile(r"^[^=\0]+$")
+# \Z, not $: $ also matches before a trailing newline, which the library refuses.
+_VENDOR = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
+_CLASS = re.compile(r"^[A-Za-z](?:[A-Za-z0-9_-]*[A-Za-z0-9])?\Z")
+_DEVICE = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?\Z")
+_ENV_NAME = re.compile(r"^[^=\0]+\Z")
+# What write_spec escapes after json.dumps(ensure_ascii=False): the BMP beyond ASCII (and DEL);
+# surrogates stay raw, so a lone one fails to encode (UnicodeEncodeError, a ValueError).
+_ESCAPE = re.compile("[\x7f-\ud7ff\ue000-\uffff]")
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,8 @@ class ContainerEdits:
     mounts: Sequence[Mount] = ()
 
     def validate(self, where: str) -> None:
+        if not (self.env or self.device_nodes or self.mounts):
+            raise ValueError(f"{where}: no edits (the CDI library refuses an empty device)")
         for name in self.env:
             if not _ENV_NAME.match(name):
                 raise ValueError(f"{where}: env {name!r}: a name must be non-empty, without '='")
@@ -90,6 +102,8 @@ class ContainerEdits:
             if node.permissions and not set(node.permissions) <= set("rwm"):
                 raise ValueError(f"{where}: device node permissions {node.permissions!r}: rwm")
         for mount in self.mounts:
+            if not mount.host_path:
+                raise ValueError(f"{where}: mount {mount.container_path!r}: empty host path")
             if not os.path.isabs(mount.container_path):
                 raise ValueError(f"{where}: mount {mount.container_path!r}: must be absolute")
 
@@ -160,8 +174,11 @@ def minimum_version(spec: Mapping[str, Any]) -> str:
 
 
 def build_spec(kind: str, devices: Mapping[str, ContainerEdits]) -> dict[str, Any]:
-    """A CDI spec of `kind` with one device per entry (name -> its edits)."""
+    """A CDI spec of `kind` with one device per entry (name -> its edits); at least one, as the
+    CDI library refuses a spec without devices."""
     check_kind(kind)
+    if not devices:
+        raise ValueError(f"CDI spec of {kind}: no devices (the CDI library refuses it)")
     spec: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": []}
     for name, edits in devices.items():
         if not _DEVICE.match(name):
@@ -177,7 +194,7 @@ def write_spec(directory: str, file_name: str, spec: Mapping[str, Any]) -> str:
     os.makedirs(directory, mode=0o755, exist_ok=True)
     path = os.path.join(directory, file_name)
     tmp = os.path.join(directory, f".{file_name}.tmp-{os.getpid()}")
-    data = json.dumps(spec, indent=2, sort_keys=True).encode() + b"\n"
+    data = _spec_json(spec)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -192,6 +209,12 @@ def write_spec(directory: str, file_name: str, spec: Mapping[str, Any]) -> str:
         raise
     _fsync_dir(directory)
     return path
+
+
+def _spec_json(spec: Mapping[str, Any]) -> bytes:
+    """The file's bytes: JSON that the CDI library's YAML decoder reads back unchanged."""
+    text = json.dumps(spec, indent=2, sort_keys=True, ensure_ascii=False)
+    return _ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", text).encode() + b"\n"
 
 
 def remove_spec(directory: str, file_name: str) -> bool:
