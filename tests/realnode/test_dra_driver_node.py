@@ -1,0 +1,283 @@
+"""A pod uses a device of the example DRA driver on a real node (docs/testing/real-node.md).
+
+Everything is the real thing: the harness's kube-apiserver, the kube-scheduler and a kubelet of
+the same release, containerd with runc, the agent (`nodeagent run`, node-a's credentials)
+publishing the driver's pool, and examples/dra_gpu_driver.py (two partitionable GPUs on counter
+sets, GPU 1 tainted) preparing claims through the kubelet and CDI. The DeviceClass and the claim
+are examples/dra_gpu_driver.yaml's. The harness runs no controller-manager, so the claim the
+template describes is created by the test (what the resourceclaim controller would do).
+
+- a pod asking for half a GPU in "shared" mode runs, and its container sees the variables the
+  CDI spec injects (GPU_DEVICE_0 = the allocated device, GPU_MODE = shared);
+- a pod asking for a whole GPU stays pending: GPU 0 shares its counters with the allocated half,
+  GPU 1 is tainted;
+- the driver SIGKILLed and restarted while the first pod runs does not disturb it, and the
+  restarted driver unprepares its claim when the pod is deleted (the spec file goes).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec.yaml
+import pytest
+
+from tests.support.apiserver import ApiServer, selected_release, start_apiserver
+from tests.support.realnode import RealNode, real_node_apiserver_kwargs, start_real_node
+from tests.support.wait import until
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NODEAGENT_REAL_NODE") != "1",
+    reason="real-node lane only: run scripts/test-real-node (sets NODEAGENT_REAL_NODE=1)",
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+DRIVER = "gpu.example.com"
+NS = "default"
+RESOURCECLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims"
+
+
+@pytest.fixture(scope="module")
+def apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    d = tmp_path_factory.mktemp("api")
+    srv = start_apiserver(
+        d, release=selected_release(), gates="default", **real_node_apiserver_kwargs(d)
+    )
+    with srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def node(apiserver: ApiServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    with start_real_node(apiserver, tmp_path_factory.mktemp("node")) as rn:
+        rn.load_images()
+        yield rn
+
+
+class Processes:
+    """The agent and the driver as host processes (as systemd would run them)."""
+
+    def __init__(self, apiserver: ApiServer, node: RealNode, work: Path) -> None:
+        self.apiserver, self.node, self.work = apiserver, node, work
+        self.registry = work / "agent-registry"
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.driver: subprocess.Popen[bytes] | None = None
+
+    def _start(self, argv: list[str], log: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "NODE_NAME": self.node.node_name}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        out = open(self.work / log, "ab")  # noqa: SIM115 - the process owns it
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        out.close()
+        self.procs.append(proc)
+        return proc
+
+    def start_agent(self) -> None:
+        self._start(
+            [
+                sys.executable, "-m", "nodeagent", "run",
+                "--kubeconfig", str(self.apiserver.kubeconfig(self.node.node_name)),
+                "--node-name", self.node.node_name,
+                "--state-dir", str(self.work / "agent-state"),
+                "--registry-dir", str(self.registry),
+                "--ops-address", "127.0.0.1:0",
+            ],
+            "agent.log",
+        )  # fmt: skip
+
+    def start_driver(self) -> None:
+        # The node's own credentials: the Node authorizer lets them read its pods' claims.
+        self.driver = self._start(
+            [
+                sys.executable, str(ROOT / "examples" / "dra_gpu_driver.py"),
+                "--registry-dir", str(self.registry),
+                "--kubelet-dir", str(self.node.kubelet_root),
+                "--cdi-dir", str(self.node.cdi_dir),
+                "--kubeconfig", str(self.apiserver.kubeconfig(self.node.node_name)),
+                "--gpus", "2",
+                "--tainted", "1",
+            ],
+            "driver.log",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def running(
+    apiserver: ApiServer, node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Processes]:
+    procs = Processes(apiserver, node, tmp_path_factory.mktemp("procs"))
+    try:
+        procs.start_agent()
+        procs.start_driver()
+        yield procs
+    finally:
+        procs.close()
+
+
+def example_objects() -> dict[str, dict[str, Any]]:
+    """examples/dra_gpu_driver.yaml by kind (what the docs tell a user to apply)."""
+    text = (ROOT / "examples" / "dra_gpu_driver.yaml").read_text()
+    docs = [msgspec.yaml.decode(doc) for doc in text.split("\n---\n")]
+    return {obj["kind"]: obj for obj in docs}
+
+
+def claim_from_template(
+    name: str, template: dict[str, Any], partition: str | None = None
+) -> dict[str, Any]:
+    claim: dict[str, Any] = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+    }
+    claim["spec"] = copy.deepcopy(template["spec"]["spec"])
+    if partition is not None:
+        (request,) = claim["spec"]["devices"]["requests"]
+        request["exactly"]["selectors"] = [
+            {"cel": {"expression": f'device.attributes["{DRIVER}"].partition == "{partition}"'}}
+        ]
+    return claim
+
+
+def pod_using(name: str, claim: str, pod_template: dict[str, Any]) -> dict[str, Any]:
+    pod = copy.deepcopy(pod_template)
+    pod["metadata"] = {"name": name, "namespace": NS}
+    spec = pod["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimName": claim}]
+    spec["automountServiceAccountToken"] = False  # the harness runs no token controller
+    spec["terminationGracePeriodSeconds"] = 5
+    (container,) = spec["containers"]
+    container["image"] = "localhost/busybox:e2e"  # built locally, no registry
+    container["imagePullPolicy"] = "Never"
+    container["command"] = [
+        "/bin/sh",
+        "-c",
+        'env | grep ^GPU_ | sort; trap "exit 0" TERM; while :; do sleep 1; done',
+    ]
+    return pod
+
+
+def create(apiserver: ApiServer, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    status, answer = apiserver.request("POST", path, body)
+    assert status == 201, answer
+    return dict(answer)
+
+
+def specs(node: RealNode) -> list[str]:
+    return sorted(p.name for p in node.cdi_dir.glob("*.json"))
+
+
+def test_a_pod_runs_with_a_prepared_device_and_a_second_stays_pending(
+    apiserver: ApiServer, node: RealNode, running: Processes
+) -> None:
+    objects = example_objects()
+
+    def published() -> list[str] | None:
+        status, body = apiserver.request(
+            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver={DRIVER}"
+        )
+        names = (
+            [d["name"] for s in body.get("items", []) for d in s["spec"].get("devices", [])]
+            if status == 200
+            else []
+        )
+        return names if len(names) == 6 else None
+
+    until(published, "the agent to publish the driver's 6 devices", timeout=120)
+    until(
+        lambda: (
+            DRIVER in node.kubelet_log.read_text() and "registered" in node.kubelet_log.read_text()
+        ),
+        "the kubelet to register the driver",
+        timeout=60,
+    )
+    create(apiserver, "/apis/resource.k8s.io/v1/deviceclasses", objects["DeviceClass"])
+
+    # The first pod: half a GPU, "shared" mode (the template's config over the class's).
+    create(apiserver, RESOURCECLAIMS, claim_from_template("half", objects["ResourceClaimTemplate"]))
+    t0 = time.monotonic()
+    create(
+        apiserver, f"/api/v1/namespaces/{NS}/pods", pod_using("half-user", "half", objects["Pod"])
+    )
+    pod = node.wait_pod_phase("half-user", ["Running"], timeout=180, namespace=NS)
+    took = time.monotonic() - t0
+    status, claim = apiserver.request("GET", f"{RESOURCECLAIMS}/half")
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    assert result["device"] in {"gpu-0-a", "gpu-0-b"}  # GPU 1 is tainted
+    assert pod["spec"]["nodeName"] == node.node_name
+
+    def log() -> str | None:
+        status, body = apiserver.request("GET", f"/api/v1/namespaces/{NS}/pods/half-user/log")
+        return str(body) if status == 200 and "GPU_MODE" in str(body) else None
+
+    lines = until(log, "the container's environment in its log").split()
+    assert lines == [f"GPU_DEVICE_0={result['device']}", "GPU_MODE=shared"]
+    uid = claim["metadata"]["uid"]
+    assert specs(node) == [f"k8s.{DRIVER}-gpu_{uid}.json"]
+    # The kubelet's own figure (creation to running, on its clock) beside the test's.
+    started = re.search(
+        r'pod="default/half-user" podStartSLOduration=\S+ podStartE2EDuration="([^"]+)"',
+        node.kubelet_log.read_text(),
+    )
+    kubelet_says = started.group(1) if started else "not logged"
+    print(
+        f"\npod created -> Running with a prepared device: {took:.1f} s (kubelet: {kubelet_says})"
+    )
+
+    # The second: a whole GPU. gpu-0's counters are half used, gpu-1 is tainted: pending.
+    create(
+        apiserver,
+        RESOURCECLAIMS,
+        claim_from_template("whole", objects["ResourceClaimTemplate"], "whole"),
+    )
+    create(
+        apiserver, f"/api/v1/namespaces/{NS}/pods", pod_using("whole-user", "whole", objects["Pod"])
+    )
+
+    def unschedulable() -> str | None:
+        found = node.pod("whole-user", NS)
+        conditions = {c["type"]: c for c in (found or {}).get("status", {}).get("conditions", [])}
+        scheduled = conditions.get("PodScheduled", {})
+        return scheduled.get("message") if scheduled.get("reason") == "Unschedulable" else None
+
+    message = until(unschedulable, "the scheduler to find no device for the whole GPU", timeout=120)
+    assert "cannot allocate all claims" in message or "resourceclaim" in message.lower(), message
+    assert node.pod("whole-user", NS)["spec"].get("nodeName") is None  # type: ignore[index]
+
+    # The driver killed and restarted while the pod runs: the pod is not disturbed.
+    assert running.driver is not None
+    running.driver.send_signal(signal.SIGKILL)
+    running.driver.wait()
+    running.start_driver()
+    until(
+        lambda: (node.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock").is_socket(),
+        "the driver's registration socket again",
+    )
+    after = node.pod("half-user", NS)
+    assert after is not None and after["status"]["phase"] == "Running"
+    assert after["status"]["containerStatuses"][0]["restartCount"] == 0
+
+    # Deleted: the kubelet unprepares the claim through the restarted driver; the spec goes.
+    status, body = apiserver.request("DELETE", f"/api/v1/namespaces/{NS}/pods/half-user")
+    assert status == 200, body
+    node.wait_pod_gone("half-user", timeout=120, namespace=NS)
+    until(lambda: specs(node) == [], "the claim's CDI spec to be removed", timeout=120)
