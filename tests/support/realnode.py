@@ -169,6 +169,12 @@ def _foreign_addresses(own: Sequence[str]) -> list[str]:
     return out
 
 
+def _links() -> set[str]:
+    """The names of this network namespace's links."""
+    proc = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True, check=True)
+    return {link["ifname"] for link in json.loads(proc.stdout)}
+
+
 def _cgroup_dirs() -> list[pathlib.Path]:
     """<controller>/k8s.io for every cgroup v1 hierarchy (and systemd, unified) that has one."""
     out = []
@@ -660,8 +666,10 @@ state = {q(d / "state")}
                     stream.close()
         errors += self._remove_cgroups()
         links = [self.bridge] + ([self.node_link] if self._added_link else [])
+        # `ip`, not /sys/class/net: sysfs shows the links of the namespace that mounted it.
+        present = _links()
         for name in links:
-            if pathlib.Path(f"/sys/class/net/{name}").exists():
+            if name in present:
                 link = subprocess.run(["ip", "link", "del", name], capture_output=True, text=True)
                 if link.returncode != 0:
                     errors.append(f"ip link del {name}: {link.stderr.strip()}")
