@@ -16,7 +16,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.apiserver import ApiServer, selected_release, start_apiserver
-from tests.support.realnode import RealNode, real_node_apiserver_kwargs, start_real_node, until
+from tests.support.realnode import RealNode, real_node_apiserver_kwargs, start_real_node
+from tests.support.wait import until
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NODEAGENT_REAL_NODE") != "1",
@@ -63,23 +64,26 @@ def test_kubelet_dials_a_socket_made_by_a_host_process(node: RealNode) -> None:
         listener.listen(4)
         listener.setblocking(False)
 
-        def dialled() -> tuple[bool | None, str]:
+        def dialled() -> bool | None:
             try:
                 conn, _ = listener.accept()
             except BlockingIOError:
-                return None, "no connection from the kubelet yet"
+                return None  # no connection from the kubelet yet
             conn.close()
-            return True, "accepted"
+            return True
 
-        until(dialled, f"the kubelet to dial {path}", 60)
+        until(dialled, f"the kubelet to dial {path}", timeout=60)
         path.unlink()
     assert str(path) in node.kubelet_log.read_text()
 
 
-def _pod_log(apiserver: ApiServer, name: str) -> tuple[str | None, str]:
+def _pod_log(apiserver: ApiServer, name: str) -> str:
+    """The pod's log through the apiserver (served by the kubelet); raises until it has MARKER,
+    so that a timeout says what the apiserver last answered."""
     status, body = apiserver.request("GET", f"/api/v1/namespaces/default/pods/{name}/log")
-    text = str(body)
-    return (text if status == 200 and MARKER in text else None), f"{status}: {text[-300:]}"
+    if status != 200 or MARKER not in str(body):
+        raise AssertionError(f"{status}: {str(body)[-300:]}")
+    return str(body)
 
 
 def test_scheduled_pod_runs_logs_and_is_deleted(apiserver: ApiServer, node: RealNode) -> None:
@@ -112,7 +116,7 @@ def test_scheduled_pod_runs_logs_and_is_deleted(apiserver: ApiServer, node: Real
     running = node.wait_pod_phase(name, ["Running"], timeout=120)
     assert running["spec"]["nodeName"] == node.node_name
     assert running["status"]["podIP"].startswith("10.244.77.")
-    log = until(lambda: _pod_log(apiserver, name), f"pod {name}'s log through the apiserver", 60)
+    log = until(lambda: _pod_log(apiserver, name), f"pod {name}'s log through the apiserver")
     assert log.strip().splitlines()[0] == MARKER
     print(f"pod Running and logging {time.monotonic() - t0:.1f} s after creation")
 
@@ -120,8 +124,10 @@ def test_scheduled_pod_runs_logs_and_is_deleted(apiserver: ApiServer, node: Real
     assert status == 200, body
     node.wait_pod_gone(name, timeout=120)
 
-    def no_tasks() -> tuple[bool | None, str]:
+    def no_tasks() -> bool:
         left = node.ctr("-n", "k8s.io", "tasks", "ls", "-q").split()
-        return (True, "no tasks") if not left else (None, f"tasks {left}")
+        if left:
+            raise AssertionError(f"tasks {left}")
+        return True
 
-    until(no_tasks, "containerd to stop the pod's containers", 60)
+    until(no_tasks, "containerd to stop the pod's containers", timeout=60)

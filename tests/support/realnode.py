@@ -37,10 +37,10 @@ import select
 import shutil
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
+from tests.support import wait
 from tests.support.apiserver import ApiServer, _pdeathsig, _Proc, _tail, free_ports
 from tests.support.gobuild import GoBinary
 
@@ -92,6 +92,11 @@ class RealNodeError(RuntimeError):
     seen and carries the relevant log tails)."""
 
 
+class _ComponentExited(BaseException):
+    """A component exited during a wait: a BaseException, so that wait.until (which retries on
+    Exception, a check's passing error) stops at once instead of polling a dead node."""
+
+
 def until(
     check: Callable[[], tuple[T | None, str]],
     what: str,
@@ -100,21 +105,29 @@ def until(
     interval: float = 0.2,
     died: Callable[[], str | None] = lambda: None,
 ) -> T:
-    """Poll ``check`` until it gives a value (not None) and return it. ``check`` returns
-    (value, what it saw); on timeout RealNodeError says ``what`` and the last thing seen.
-    ``died`` says why waiting is pointless (a component exited), or None."""
-    deadline = time.monotonic() + timeout
-    seen = "nothing yet"
-    while True:
-        value, seen = check()
-        if value is not None:
-            return value
+    """tests/support/wait.py's ``until`` (the tests' one wait helper) for the node's waits:
+    poll ``check`` until it gives a value (not None) and return it. ``check`` returns (value,
+    what it saw); on timeout RealNodeError says ``what`` and the last thing seen. ``died`` says
+    why waiting is pointless (a component exited, with its log tail), or None."""
+    seen = ["nothing yet"]
+
+    def probe() -> T | None:
         dead = died()
         if dead is not None:
-            raise RealNodeError(f"{what}: {dead} (last seen: {seen})")
-        if time.monotonic() > deadline:
-            raise RealNodeError(f"{what}: not within {timeout:.0f} s; last seen: {seen}")
-        time.sleep(interval)
+            raise _ComponentExited(dead)
+        try:
+            value, seen[0] = check()
+        except Exception as e:
+            seen[0] = f"{type(e).__name__}: {e}"
+            raise
+        return value
+
+    try:
+        return wait.until(probe, what, timeout=timeout, interval=interval)
+    except wait.WaitTimeout:
+        raise RealNodeError(f"{what}: not within {timeout:g} s; last seen: {seen[0]}") from None
+    except _ComponentExited as e:
+        raise RealNodeError(f"{what}: {e} (last seen: {seen[0]})") from None
 
 
 _node_bins: dict[str, GoBinary] = {}
@@ -653,7 +666,10 @@ state = {q(d / "state")}
         # The containers: every process in containerd's cgroups (they are in their own mount
         # namespaces), then containerd, then whatever is left in the node's mount namespace
         # (the shims).
-        self._kill_cgroup_processes()
+        try:
+            self._kill_cgroup_processes()
+        except wait.WaitTimeout as e:
+            errors.append(str(e))
         if self._containerd is not None:
             self._containerd.stop(timeout=20)
         if self._holder is not None and self._holder.poll() is None:
@@ -682,18 +698,20 @@ state = {q(d / "state")}
             raise RealNodeError("real node cleanup: " + "; ".join(errors))
 
     def _kill_cgroup_processes(self) -> None:
-        for _ in range(50):
+        """SIGKILL every process in containerd's cgroups until none is left."""
+
+        def none_left() -> bool:
             pids: set[int] = set()
             for top in _cgroup_dirs():
                 for procs in top.rglob("cgroup.procs"):
                     with contextlib.suppress(OSError):
                         pids.update(int(p) for p in procs.read_text().split())
-            if not pids:
-                return
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 9)
-            time.sleep(0.1)  # the kernel reaps them; the loop checks again
+            return not pids
+
+        wait.until(none_left, "the containers' processes to be gone", timeout=20)
 
     def _kill_namespace_processes(self) -> None:
         assert self._holder is not None
