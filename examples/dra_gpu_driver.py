@@ -13,8 +13,13 @@ The SDK does the rest: reads the ResourceClaim, writes the CDI spec, keeps the c
 registers with the kubelet (``<kubelet-dir>/plugins_registry``) and with nodeagent
 (``--registry-dir``), which publishes the ResourceSlices.
 
+Health, as a sysfs check would find it: with ``--health-dir DIR`` a device is unhealthy while a
+file ``DIR/<device>`` exists (its text the reason), checked every second. An unhealthy device is
+reported to the kubelet (it shows in the status of the pods using it) and tainted
+``gpu.example.com/unhealthy:NoSchedule`` in the published pool until the file goes.
+
     python examples/dra_gpu_driver.py [--registry-dir DIR] [--kubelet-dir /var/lib/kubelet]
-        [--cdi-dir /var/run/cdi] [--kubeconfig FILE] [--gpus 2] [--tainted N]
+        [--cdi-dir /var/run/cdi] [--kubeconfig FILE] [--gpus 2] [--tainted N] [--health-dir DIR]
 
 `examples/dra_gpu_driver.yaml` has its DeviceClass, a ResourceClaimTemplate and a pod.
 SIGINT or SIGTERM stops it and removes its sockets; prepared claims survive in its checkpoint.
@@ -37,6 +42,7 @@ from nodeagent.sdk import (
     CounterSet,
     Device,
     DevicePlugin,
+    Health,
     KubeletPlugin,
     Pool,
     PreparedDevice,
@@ -85,6 +91,28 @@ async def prepare(claim: Claim) -> Sequence[PreparedDevice]:
     return prepared
 
 
+async def watch_health(plugin: DevicePlugin, pool: Pool, health_dir: str) -> None:
+    """Check every device each second and report it (a file in `health_dir`: unhealthy). Every
+    check is reported, changed or not: the kubelet trusts a report for 30 s only."""
+    reasons: dict[str, str | None] = {}
+    while True:
+        for device in pool.devices:
+            path = trio.Path(health_dir, device.name)
+            reason = (await path.read_text()).strip() if await path.exists() else None
+            if reasons.get(device.name, "") != reason:
+                log.info("device health", device=device.name, unhealthy=reason or "no")
+            reasons[device.name] = reason
+            health = Health.HEALTHY if reason is None else Health.UNHEALTHY
+            await plugin.report_health(device.name, health, message=reason or "", taint=True)
+        await trio.sleep(1)
+
+
+async def log_kubelet_registration(plugin: DevicePlugin) -> None:
+    """Say when the kubelet has registered the driver: from then on it prepares claims."""
+    await plugin.wait_kubelet_registered()
+    log.info("registered with the kubelet")
+
+
 async def main(args: argparse.Namespace) -> None:
     kubelet = KubeletPlugin(
         prepare=prepare,
@@ -97,11 +125,17 @@ async def main(args: argparse.Namespace) -> None:
         async with DevicePlugin.serve(
             name=DRIVER, registry_dir=args.registry_dir, kubelet=kubelet
         ) as plugin:
-            await plugin.publish_pools([gpus(args.gpus, args.tainted)])
+            pool = gpus(args.gpus, args.tainted)
+            await plugin.publish_pools([pool])
             log.info("driver serving", registry=args.registry_dir, kubelet=args.kubelet_dir)
-            async for signum in signals:
-                log.info("stopping", signal=signal.Signals(signum).name)
-                break
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(log_kubelet_registration, plugin)
+                if args.health_dir:
+                    nursery.start_soon(watch_health, plugin, pool, args.health_dir)
+                async for signum in signals:
+                    log.info("stopping", signal=signal.Signals(signum).name)
+                    break
+                nursery.cancel_scope.cancel()
 
 
 if __name__ == "__main__":
@@ -120,5 +154,8 @@ if __name__ == "__main__":
     )
     parser.add_argument("--gpus", type=int, default=2, help="number of GPUs")
     parser.add_argument("--tainted", type=int, default=None, help="taint this GPU (index)")
+    parser.add_argument(
+        "--health-dir", default=None, help="a device is unhealthy while DIR/<device> exists"
+    )
     configure_logging(priority_prefix=False)
     trio.run(main, parser.parse_args())

@@ -11,6 +11,8 @@ template describes is created by the test (what the resourceclaim controller wou
   CDI spec injects (GPU_DEVICE_0 = the allocated device, GPU_MODE = shared);
 - a pod asking for a whole GPU stays pending: GPU 0 shares its counters with the allocated half,
   GPU 1 is tainted;
+- the allocated device turning unhealthy shows in the pod's status (the kubelet's health stream)
+  and taints it in the published slice;
 - the driver SIGKILLed and restarted while the first pod runs does not disturb it, and the
   restarted driver unprepares its claim when the pod is deleted (the spec file goes).
 """
@@ -33,7 +35,7 @@ import pytest
 
 from tests.support.apiserver import ApiServer, selected_release, start_apiserver
 from tests.support.realnode import RealNode, real_node_apiserver_kwargs, start_real_node
-from tests.support.wait import until
+from tests.support.wait import NotYet, until
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NODEAGENT_REAL_NODE") != "1",
@@ -69,6 +71,8 @@ class Processes:
     def __init__(self, apiserver: ApiServer, node: RealNode, work: Path) -> None:
         self.apiserver, self.node, self.work = apiserver, node, work
         self.registry = work / "agent-registry"
+        self.health_dir = work / "health"  # the driver's fault injection: a file per sick device
+        self.health_dir.mkdir()
         self.procs: list[subprocess.Popen[bytes]] = []
         self.driver: subprocess.Popen[bytes] | None = None
 
@@ -105,9 +109,14 @@ class Processes:
                 "--kubeconfig", str(self.apiserver.kubeconfig(self.node.node_name)),
                 "--gpus", "2",
                 "--tainted", "1",
+                "--health-dir", str(self.health_dir),
             ],
             "driver.log",
         )  # fmt: skip
+
+    def kubelet_registrations(self) -> int:
+        """How often the driver has said the kubelet registered it (its log, the driver's word)."""
+        return (self.work / "driver.log").read_text().count("registered with the kubelet")
 
     def close(self) -> None:
         for proc in self.procs:
@@ -203,13 +212,7 @@ def test_a_pod_runs_with_a_prepared_device_and_a_second_stays_pending(
         return names if len(names) == 6 else None
 
     until(published, "the agent to publish the driver's 6 devices", timeout=120)
-    until(
-        lambda: (
-            DRIVER in node.kubelet_log.read_text() and "registered" in node.kubelet_log.read_text()
-        ),
-        "the kubelet to register the driver",
-        timeout=60,
-    )
+    until(lambda: running.kubelet_registrations() == 1, "the kubelet to register the driver")
     create(apiserver, "/apis/resource.k8s.io/v1/deviceclasses", objects["DeviceClass"])
 
     # The first pod: half a GPU, "shared" mode (the template's config over the class's).
@@ -263,15 +266,44 @@ def test_a_pod_runs_with_a_prepared_device_and_a_second_stays_pending(
     assert "cannot allocate all claims" in message or "resourceclaim" in message.lower(), message
     assert node.pod("whole-user", NS)["spec"].get("nodeName") is None  # type: ignore[index]
 
+    # The allocated device fails: the kubelet shows it in the pod's status (DRAResourceHealth),
+    # and the driver taints it in the published pool.
+    (running.health_dir / result["device"]).write_text("ECC errors")
+
+    def unhealthy_in_pod_status() -> list[Any] | NotYet:
+        found = node.pod("half-user", NS) or {}
+        statuses = found.get("status", {}).get("containerStatuses", [])
+        resources = [
+            r
+            for c in statuses
+            for a in c.get("allocatedResourcesStatus") or []
+            for r in a.get("resources") or []
+        ]
+        # The kubelet names a resource by its CDI device ID (<kind>=<claim UID>-<device>).
+        sick = [r for r in resources if r.get("resourceID", "").endswith("-" + result["device"])]
+        if sick and sick[0].get("health") == "Unhealthy":
+            return sick
+        return NotYet([c.get("allocatedResourcesStatus") for c in statuses])
+
+    until(unhealthy_in_pod_status, "the pod's status to show its device Unhealthy", timeout=120)
+
+    def tainted() -> list[Any] | NotYet:
+        _, body = apiserver.request(
+            "GET", f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver={DRIVER}"
+        )
+        devices = [d for s in body.get("items", []) for d in s["spec"].get("devices", [])]
+        taints = [t for d in devices if d["name"] == result["device"] for t in d.get("taints", [])]
+        return taints if any(t["key"] == f"{DRIVER}/unhealthy" for t in taints) else NotYet(taints)
+
+    until(tainted, "the unhealthy device tainted in the published slice", timeout=60)
+    (running.health_dir / result["device"]).unlink()
+
     # The driver killed and restarted while the pod runs: the pod is not disturbed.
     assert running.driver is not None
     running.driver.send_signal(signal.SIGKILL)
     running.driver.wait()
     running.start_driver()
-    until(
-        lambda: (node.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock").is_socket(),
-        "the driver's registration socket again",
-    )
+    until(lambda: running.kubelet_registrations() == 2, "the kubelet to register it again")
     after = node.pod("half-user", NS)
     assert after is not None and after["status"]["phase"] == "Running"
     assert after["status"]["containerStatuses"][0]["restartCount"] == 0

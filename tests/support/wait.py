@@ -1,9 +1,10 @@
 """One way for a test to wait: on the product's word, bounded, saying what it last saw.
 
 ``await wait_until(check, "the claim is prepared")`` polls ``check`` (sync or async) until it
-returns something other than None/False and returns that; after ``timeout`` seconds it fails
-with the reason and the last value ``check`` returned (or the exception it raised), so a CI
-failure says what the product said, not only that time ran out. ``until`` is the same for
+returns something other than None/False/`NotYet` and returns that; after ``timeout`` seconds it
+fails with the reason and the last value ``check`` returned (or the exception it raised), so a
+CI failure says what the product said, not only that time ran out. A check that has something
+to say while the answer is still no returns ``NotYet(what it saw)``. ``until`` is the same for
 threads and subprocess-driving tests. Waits are for what the product reports (a readiness
 reason, a counter, an object's status); the timeout is a bound for a loaded 2-core machine,
 never a stand-in for synchronisation.
@@ -20,7 +21,17 @@ import trio
 
 T = TypeVar("T")
 
-__all__ = ["WaitTimeout", "until", "wait_until"]
+__all__ = ["NotYet", "WaitTimeout", "until", "wait_until"]
+
+
+class NotYet:
+    """A check's "not yet", with what it saw (shown if the wait gives up)."""
+
+    def __init__(self, seen: object) -> None:
+        self.seen = seen
+
+    def __repr__(self) -> str:
+        return f"not yet: {self.seen!r}"
 
 
 class WaitTimeout(AssertionError):
@@ -28,7 +39,7 @@ class WaitTimeout(AssertionError):
 
 
 def _done(value: object) -> bool:
-    return value is not None and value is not False
+    return value is not None and value is not False and not isinstance(value, NotYet)
 
 
 def _fail(what: str, timeout: float, last: object) -> WaitTimeout:
@@ -36,7 +47,7 @@ def _fail(what: str, timeout: float, last: object) -> WaitTimeout:
 
 
 async def wait_until(
-    check: Callable[[], T | Awaitable[T | None] | None],
+    check: Callable[[], T | NotYet | Awaitable[T | NotYet | None] | None],
     what: str,
     *,
     timeout: float = 30.0,  # noqa: ASYNC109 - a bound named in the failure, not a deadline
@@ -61,7 +72,11 @@ async def wait_until(
 
 
 def until(
-    check: Callable[[], T | None], what: str, *, timeout: float = 30.0, interval: float = 0.05
+    check: Callable[[], T | NotYet | None],
+    what: str,
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.05,
 ) -> T:
     """`wait_until` for synchronous tests (threads, subprocesses)."""
     deadline = time.monotonic() + timeout

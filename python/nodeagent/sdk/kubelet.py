@@ -76,6 +76,7 @@ log = get_logger("nodeagent.sdk.kubelet")
 KUBELET_DIR = "/var/lib/kubelet"
 CDI_DIR = "/var/run/cdi"
 CHECKPOINT = "prepared-claims"
+DEFAULT_HEALTH_TIMEOUT = 30  # the kubelet's (pkg/kubelet/cm/dra/healthinfo.go)
 RESOURCECLAIMS = Resource(
     group="resource.k8s.io",
     version="v1",
@@ -120,6 +121,10 @@ class KubeletPlugin:
     kubeconfig: str | None = None
     kube_client: KubeClient | None = None  # an entered client to use instead
     health: bool = True  # serve DRAResourceHealth (the kubelet's ResourceHealthStatus gate)
+    # How long the kubelet trusts a reported status before it shows the device as Unknown
+    # (health_check_timeout_seconds; 0: the kubelet's default, 30 s). The author reports each
+    # device at least this often; the SDK re-sends the list every third of it in between.
+    health_timeout: int = 0
 
     def paths(self, driver: str) -> tuple[str, str, str]:
         """(registration socket, endpoint socket, plugin directory) of `driver`."""
@@ -364,6 +369,24 @@ class KubeletDriver:
         merged.update({(h.pool, h.device): h for h in statuses})
         self.health.set(tuple(merged.values()))
 
+    async def next_health(
+        self, version: int, sent: frozenset[tuple[str, str, Health, str]]
+    ) -> tuple[int, tuple[DeviceHealth, ...]]:
+        """The health list to send next: once a status differs from `sent`, or, at the latest,
+        a third of the kubelet's timeout after the last send (with the reports' fresh times,
+        so a device still reported is never shown as Unknown)."""
+        resend = (self.options.health_timeout or DEFAULT_HEALTH_TIMEOUT) / 3
+        with trio.move_on_after(resend):
+            while True:
+                version, statuses = await self.health.wait_newer(version)
+                if _health_key(statuses) != sent:
+                    return version, statuses
+        return self.health.version, self.health.value
+
+
+def _health_key(statuses: Sequence[DeviceHealth]) -> frozenset[tuple[str, str, Health, str]]:
+    return frozenset((h.pool, h.device, h.health, h.message) for h in statuses)
+
 
 def _cdi_name(claim_uid: str, device: AllocatedDevice) -> str:
     # One CDI device per allocated device; a shared device's allocations differ by share ID.
@@ -466,23 +489,22 @@ class _DRAPluginV1beta1(v1beta1_grpc.DRAPluginBase):
 
 
 async def _watch_health(driver: KubeletDriver, stream: Stream[Any, Any], pb: Any) -> None:
-    """Send the whole health list now and after every change, until the kubelet leaves."""
+    """Send the whole health list now, after every change and before the kubelet's timeout,
+    until the kubelet leaves."""
     await stream.recv_message()
-    version = -1
+    version, statuses = driver.health.version, driver.health.value
     while True:
-        if version < 0:
-            version, statuses = driver.health.version, driver.health.value
-        else:
-            version, statuses = await run_in_trio(driver.health.wait_newer, version)
         response = pb.NodeWatchResourcesResponse()
         for h in statuses:
             response.devices.add(
                 device=pb.DeviceIdentifier(pool_name=h.pool, device_name=h.device),
                 health=h.health.value,
                 last_updated_time=int(h.updated),
+                health_check_timeout_seconds=driver.options.health_timeout,
                 message=h.message[:1024],
             )
         await stream.send_message(response)
+        version, statuses = await run_in_trio(driver.next_health, version, _health_key(statuses))
 
 
 class _HealthV1(health_v1_grpc.DRAResourceHealthBase):
