@@ -8,7 +8,7 @@ host's.
     srv = start_apiserver(tmp / "api", **real_node_apiserver_kwargs(tmp / "api"))
     with start_real_node(srv, tmp / "node") as node:
         node.load_images()
-        ...  # create pods (no nodeName: the scheduler binds them); node.until(...)
+        ...  # pods without nodeName (the scheduler binds them); node.wait_pod_phase(...)
 
 The kubelet and containerd (and its shims) run in a private mount namespace, so their mounts
 (kubelet's root dir onto itself, container rootfs, network namespaces) never reach the host's;
@@ -17,7 +17,8 @@ inside it, the paths they hard-code (/var/lib/kubelet, /var/lib/cni, /var/log/po
 dir. The kubelet's own directories (``kubelet_root``, its ``plugins_registry`` and ``plugins``)
 and the CDI spec dir are plain directories under the work dir, seen the same from both
 namespaces: a host process (a DRA driver, the agent) creates its sockets there and the kubelet
-reaches them. ``run_on_node`` starts a process inside the namespace instead.
+reaches them. ``run_on_node`` starts a process inside the namespace instead (close() kills it
+with the node).
 
 Builds: tests/apiserver/build-node.sh (kubelet + scheduler, per release) and
 tests/realnode/build-runtime.sh (containerd, runc, busybox; installs the CNI plugins).
