@@ -93,6 +93,14 @@ class RealNodeError(RuntimeError):
     seen and carries the relevant log tails)."""
 
 
+def _gate_flag(gates: Mapping[str, bool]) -> list[str]:
+    if not gates:
+        return []
+    return [
+        "--feature-gates=" + ",".join(f"{n}={str(v).lower()}" for n, v in sorted(gates.items()))
+    ]
+
+
 class _ComponentExited(BaseException):
     """A component exited during a wait: a BaseException, so that wait.until (which retries on
     Exception, a check's passing error) stops at once instead of polling a dead node."""
@@ -230,8 +238,12 @@ class RealNode:
         runtime_dir: pathlib.Path,
         node_ip: str = NODE_IP,
         node_link: str = NODE_LINK,
+        feature_gates: Mapping[str, bool] | None = None,
     ) -> None:
         self.apiserver = apiserver
+        # Gates for the kubelet and the scheduler, as the apiserver got them (a DRA feature
+        # beta-off in an older release must be on in all three to be used).
+        self.feature_gates = dict(feature_gates or {})
         self.node_name = node
         self.workdir = pathlib.Path(workdir).resolve()
         self.node_ip = node_ip
@@ -450,6 +462,7 @@ state = {q(d / "state")}
             "kind": "KubeletConfiguration",
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             # cgroup v1 only, and no CAP_SYS_RESOURCE (docs/testing/real-node.md).
+            "featureGates": self.feature_gates,
             "failCgroupV1": False,
             "cgroupDriver": "cgroupfs",
             "cgroupsPerQOS": False,
@@ -511,6 +524,7 @@ state = {q(d / "state")}
             "--leader-elect=false",
             "--secure-port=0",
             "--v=2",
+            *_gate_flag(self.feature_gates),
         ]
         self._scheduler = _Proc("scheduler", argv, self.scheduler_log)
 
@@ -756,6 +770,7 @@ def start_real_node(
     node_ip: str = NODE_IP,
     node_link: str = NODE_LINK,
     timeout: float = START_TIMEOUT,
+    feature_gates: Mapping[str, bool] | None = None,
 ) -> Iterator[RealNode]:
     """Build what is missing (the node binary of ``apiserver.release``, the runtime), start
     containerd, the kubelet (``node``'s credentials) and kube-scheduler, and wait until the
@@ -767,7 +782,9 @@ def start_real_node(
         raise RealNodeError("needs unshare and nsenter (util-linux)")
     node_binary = build_node_binary(apiserver.release)
     runtime_dir = build_runtime()
-    rn = RealNode(apiserver, workdir, node, node_binary, runtime_dir, node_ip, node_link)
+    rn = RealNode(
+        apiserver, workdir, node, node_binary, runtime_dir, node_ip, node_link, feature_gates
+    )
     try:
         rn.start()
         rn.wait_ready(timeout)
