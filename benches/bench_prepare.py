@@ -25,7 +25,7 @@ import trio
 from grpclib.server import Stream
 
 from benches.report import client_for, percentile, print_uncaptured
-from nodeagent.kube import KubeClient, Resource
+from nodeagent.kube import RESOURCECLAIMS, KubeClient
 from nodeagent.protos.dra.v1 import api_grpc, api_pb2
 from nodeagent.rpc.bridge import GrpcBridge, open_grpc_bridge
 from nodeagent.sdk import Claim, ContainerEdits, DevicePlugin, KubeletPlugin, PreparedDevice
@@ -33,13 +33,6 @@ from tests.support.apiserver import ApiServer, start_apiserver
 
 CLAIMS = 100
 DRIVER = "gpu.example.com"
-RESOURCECLAIMS = Resource(
-    group="resource.k8s.io",
-    version="v1",
-    plural="resourceclaims",
-    kind="ResourceClaim",
-    namespaced=True,
-)
 RESULTS: dict[str, tuple[float, float]] = {}
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import trio
 
+from nodeagent.kube import RESOURCECLAIMS as CLAIMS
 from nodeagent.kube import KubeClient, Resource
 from nodeagent.protos.dra.v1 import api_grpc as v1_grpc
 from nodeagent.protos.dra.v1 import api_pb2 as v1
@@ -50,13 +51,6 @@ from tests.support.wait import wait_until
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"
-CLAIMS = Resource(
-    group="resource.k8s.io",
-    version="v1",
-    plural="resourceclaims",
-    kind="ResourceClaim",
-    namespaced=True,
-)
 PODS = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
 NAMESPACES = Resource(
     group="", version="v1", plural="namespaces", kind="Namespace", namespaced=False

@@ -107,6 +107,7 @@ EXPORTS: dict[str, set[str]] = {
         "NAMESPACES",
         "NODES",
         "NODE_EVENTS",
+        "RESOURCECLAIMS",
         "RESOURCESLICES",
         "ApiError",
         "BadRequest",

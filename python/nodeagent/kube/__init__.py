@@ -26,6 +26,7 @@ from nodeagent.kube.resource import (
     LEASES,
     NAMESPACES,
     NODES,
+    RESOURCECLAIMS,
     RESOURCESLICES,
     Resource,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "NAMESPACES",
     "NODES",
     "NODE_EVENTS",
+    "RESOURCECLAIMS",
     "RESOURCESLICES",
     "ApiError",
     "BadRequest",

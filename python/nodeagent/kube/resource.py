@@ -57,6 +57,13 @@ RESOURCESLICES = Resource(
     kind="ResourceSlice",
     namespaced=False,
 )
+RESOURCECLAIMS = Resource(
+    group="resource.k8s.io",
+    version="v1",
+    plural="resourceclaims",
+    kind="ResourceClaim",
+    namespaced=True,
+)
 CUSTOMRESOURCEDEFINITIONS = Resource(
     group="apiextensions.k8s.io",
     version="v1",

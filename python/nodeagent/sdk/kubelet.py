@@ -39,7 +39,7 @@ from grpclib.server import Stream
 
 from nodeagent.checkpoint import CheckpointState, CheckpointStore
 from nodeagent.core.latest import LatestValue
-from nodeagent.kube import KubeClient, KubeError, KubeSettings, Resource, load_client
+from nodeagent.kube import RESOURCECLAIMS, KubeClient, KubeError, KubeSettings, load_client
 from nodeagent.log import get_logger
 from nodeagent.protos.dra.v1 import api_grpc as v1_grpc
 from nodeagent.protos.dra.v1 import api_pb2 as v1
@@ -77,13 +77,6 @@ KUBELET_DIR = "/var/lib/kubelet"
 CDI_DIR = "/var/run/cdi"
 CHECKPOINT = "prepared-claims"
 DEFAULT_HEALTH_TIMEOUT = 30  # the kubelet's (pkg/kubelet/cm/dra/healthinfo.go)
-RESOURCECLAIMS = Resource(
-    group="resource.k8s.io",
-    version="v1",
-    plural="resourceclaims",
-    kind="ResourceClaim",
-    namespaced=True,
-)
 # The service names the kubelet matches in supported_versions (not the full gRPC names).
 _DRA_SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
 _HEALTH_SERVICES = ("v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth")
