@@ -15,6 +15,10 @@ import trio
 from nodeagent.plugins import PluginManager
 from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
+from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
+from nodeagent.rpc import GrpcBridge
+from nodeagent.sdk import Claim, Device, DevicePlugin, KubeletPlugin, PreparedDevice
 from tests.plugins.support import WAIT, state_of, wait_until
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -134,3 +138,52 @@ async def test_example_dra_driver_registers_with_the_agent_and_the_kubelet(
             process.kill()
             await process.wait()
         shutil.rmtree(kubelet_dir, ignore_errors=True)
+
+
+async def test_a_driver_in_the_registry_the_agent_and_the_kubelet_share_registers_once(
+    manager: PluginManager, registry: str, bridge: GrpcBridge
+) -> None:
+    """The agent set to watch the kubelet's registry (the chart's kubeletPlugins.watchRegistry):
+    the SDK serves one registration for both. The kubelet picks v1.DRAPlugin (the first of its
+    services listed), the agent the native service, and both reach one endpoint."""
+
+    async def prepare(claim: Claim) -> list[PreparedDevice]:
+        raise AssertionError("no claim here")
+
+    plugins = Path(registry + "-plugins")  # beside the registry (the agent watches inside it)
+    kubelet = KubeletPlugin(
+        prepare=prepare,
+        registry_dir=registry,
+        plugin_dir=str(plugins / "gpu.example.com"),
+        cdi_dir=str(plugins / "cdi"),
+    )
+    try:
+        async with DevicePlugin.serve(
+            name="gpu.example.com", registry_dir=registry, kubelet=kubelet, bridge=bridge
+        ) as plugin:
+            await plugin.publish([Device("gpu-0")])
+            assert [p.name for p in _sockets(registry)] == ["gpu.example.com-reg.sock"]
+            channel = manager.channel("DRAPlugin")
+            await wait_until(manager, lambda: "gpu.example.com" in channel.value)
+            message = channel.value["gpu.example.com"].message
+            assert isinstance(message, device_pb2.Inventory)
+            assert [d.name for d in message.pools[0].devices] == ["gpu-0"]
+            with trio.fail_after(WAIT):
+                await plugin.wait_registered()  # the agent's word, on the shared registration
+            async with bridge.channel(plugin.socket_path) as reg_channel:
+                info = await bridge.unary(
+                    reg_channel.stub(reg_grpc.RegistrationStub).GetInfo,
+                    reg.InfoRequest(),
+                    timeout=WAIT,
+                )
+            assert list(info.supported_versions) == [
+                "v1.DRAPlugin",
+                "v1beta1.DRAPlugin",
+                "v1.DRAResourceHealth",
+                "v1alpha1.DRAResourceHealth",
+                "nodeagent.device.v1alpha1.DevicePlugin",
+            ]
+            assert info.endpoint == str(plugins / "gpu.example.com" / "dra.sock")
+        assert _sockets(registry) == [] and _sockets(str(plugins)) == []
+    finally:
+        shutil.rmtree(plugins, ignore_errors=True)
