@@ -41,8 +41,13 @@ def _cell(value: Any) -> str:
     return escape_control(" ".join(str(value).split()))
 
 
+def _fit(text: str, width: int) -> str:
+    # A cut cell ends in "…", so a shortened reason is never read as the whole one.
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], max_width: int = 60) -> str:
-    cells = [[_cell(v)[:max_width] for v in row] for row in rows]
+    cells = [[_fit(_cell(v), max_width) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
         widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
@@ -112,7 +117,8 @@ def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
                         _first(p, "stream_state", "stream"),
                         _first(p, "messages_received", "messages"),
                         _when(_first(p, "last_message_time", "last_message_at", "last_update")),
-                        p.get("last_error"),
+                        # The stream's own error while it fails, else the registration's.
+                        _first(p, "stream_error", "last_error"),
                     ]
                     for p in plugins
                 ],

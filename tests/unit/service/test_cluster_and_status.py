@@ -176,4 +176,20 @@ def test_render_status_table() -> None:
 
 def test_table_aligns_and_truncates() -> None:
     out = table(["A", "B"], [["x" * 80, None], ["y", True]], max_width=10)
-    assert out.splitlines() == ["A           B", "xxxxxxxxxx  -", "y           yes"]
+    assert out.splitlines() == ["A           B", "xxxxxxxxx…  -", "y           yes"]
+    assert table(["A"], [["x" * 10]], max_width=10).splitlines()[1] == "x" * 10  # fits: uncut
+
+
+def test_a_failing_stream_shows_its_error() -> None:
+    failing = {
+        "name": "gpu",
+        "type": "DRAPlugin",
+        "state": "registered",
+        "stream_state": "backoff",
+        "stream_error": "UNAVAILABLE: connection refused",
+        "last_error": "",
+    }
+    (row,) = render(STATUS, [failing]).splitlines()[7:8]
+    assert row.endswith("UNAVAILABLE: connection refused")
+    registration = {**failing, "stream_error": "", "last_error": "GetInfo timed out"}
+    assert render(STATUS, [registration]).splitlines()[7].endswith("GetInfo timed out")
