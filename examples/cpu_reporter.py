@@ -16,9 +16,8 @@ import signal
 
 import trio
 
-from nodeagent.config.loader import default_registry_dir
 from nodeagent.log import configure_logging, get_logger
-from nodeagent.sdk import ReporterPlugin, ReportItem
+from nodeagent.sdk import ReporterPlugin, ReportItem, default_registry_dir
 
 log = get_logger("examples.cpu_reporter")
 CNR = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")

@@ -19,9 +19,16 @@ import signal
 
 import trio
 
-from nodeagent.config.loader import default_registry_dir
 from nodeagent.log import configure_logging, get_logger
-from nodeagent.sdk import Capacity, Device, DevicePlugin, RequestPolicy, SemVer, ValidRange
+from nodeagent.sdk import (
+    Capacity,
+    Device,
+    DevicePlugin,
+    RequestPolicy,
+    SemVer,
+    ValidRange,
+    default_registry_dir,
+)
 
 log = get_logger("examples.dra_device_plugin")
 

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 
 import trio
 
-from nodeagent.config.loader import default_registry_dir
 from nodeagent.log import configure_logging, get_logger
 from nodeagent.sdk import (
     Claim,
@@ -48,6 +47,7 @@ from nodeagent.sdk import (
     PreparedDevice,
     Taint,
     default_pool_name,
+    default_registry_dir,
 )
 
 DRIVER = "gpu.example.com"
@@ -157,5 +157,5 @@ if __name__ == "__main__":
     parser.add_argument(
         "--health-dir", default=None, help="a device is unhealthy while DIR/<device> exists"
     )
-    configure_logging(priority_prefix=False)
+    configure_logging()
     trio.run(main, parser.parse_args())

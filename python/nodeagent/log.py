@@ -170,9 +170,13 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
 
 
 def configure_logging(
-    level: str = "info", fmt: LogFormat = "text", *, priority_prefix: bool = True
+    level: str = "info", fmt: LogFormat = "text", *, priority_prefix: bool | None = None
 ) -> None:
-    """Send all nodeagent logs to stderr with the given level and format."""
+    """Send all nodeagent logs to stderr with the given level and format. `priority_prefix`
+    (``<N>`` syslog priorities, which journald reads): by default only when stderr is
+    journald's stream, never on a terminal (plugins written on the SDK call this too)."""
+    if priority_prefix is None:
+        priority_prefix = stderr_is_journal()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(StructuredFormatter(fmt, priority_prefix=priority_prefix))
     root = logging.getLogger()

@@ -1,5 +1,5 @@
 """The README's plugin example ("A first plugin"), copied from the README into its own process,
-against a real standalone `nodeagent run`."""
+against a real standalone `nodeagent run`: it registers, reports, and SIGTERM stops it cleanly."""
 
 from __future__ import annotations
 
@@ -14,17 +14,6 @@ from tests.process.conftest import StartAgent
 from tests.process.test_plugins import wait_plugin
 from tests.support.readme import python_block
 
-RUN_BOTH = """
-import sys
-
-async def _both(registry_dir):
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(device_plugin, registry_dir)
-        nursery.start_soon(reporter_plugin, registry_dir)
-
-trio.run(_both, sys.argv[1])
-"""
-
 
 def test_the_readme_plugin_examples_register_and_report(
     start_agent: StartAgent, tmp_path: Path
@@ -32,7 +21,7 @@ def test_the_readme_plugin_examples_register_and_report(
     registry = tmp_path / "registry"
     agent = start_agent("--registry-dir", str(registry))
     agent.wait_ready()
-    source = python_block("## A first plugin") + RUN_BOTH
+    source = python_block("## A first plugin")  # a whole program: `python -c` runs its main
     plugins = subprocess.Popen(
         [sys.executable, "-c", source, str(registry)], stderr=subprocess.PIPE, text=True
     )
@@ -59,8 +48,12 @@ def test_the_readme_plugin_examples_register_and_report(
         ]
     finally:
         plugins.send_signal(signal.SIGTERM)
-        plugins.wait(10)
+        code = plugins.wait(10)
         assert plugins.stderr is not None
+        stderr = plugins.stderr.read()
         plugins.stderr.close()
+    # A clean stop: both sockets removed, none left for the agent to find dead.
+    assert code == 0, stderr
+    assert [p for p in registry.rglob("*") if p.is_socket()] == []
     agent.signal(signal.SIGTERM)
     assert agent.wait(timeout=10) == 0

@@ -59,7 +59,8 @@ ALLOWED: dict[str, set[str]] = {
     "dynconfig": {"checkpoint", "core", "log"},
     "accumulator": {"kube", "core", "log", "_native"},
     # A DRA driver reads ResourceClaims and checkpoints its prepared claims (sdk/kubelet.py).
-    "sdk": {"rpc", "kube", "checkpoint", "core", "log", "protos"},
+    # ... and says where an agent with default settings looks (config's defaults, sdk/running.py).
+    "sdk": {"rpc", "kube", "checkpoint", "config", "core", "log", "protos"},
     "plugins": {"rpc", "core", "log", "protos", "_native"},  # DRA message shape rules
     "kube": {"core", "log"},
     "checkpoint": {"core", "log"},
@@ -175,6 +176,8 @@ EXPORTS: dict[str, set[str]] = {
         "OpaqueConfig",
         "PreparedDevice",
         "cdi_kind_for",
+        "default_registry_dir",
+        "stop_signal",
         "Capacity",
         "CounterConsumption",
         "CounterSet",

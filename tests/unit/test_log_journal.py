@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
-from nodeagent.log import stderr_is_journal
+import pytest
+
+from nodeagent.log import StructuredFormatter, configure_logging, stderr_is_journal
 
 
 def _stream_id(fd: int) -> str:
@@ -38,3 +41,25 @@ def test_unset_malformed_or_closed_is_not_journal(tmp_path: Path) -> None:
             assert not stderr_is_journal({"JOURNAL_STREAM": value}, fd), value
         stream = _stream_id(fd)
     assert not stderr_is_journal({"JOURNAL_STREAM": stream}, fd)  # closed now
+
+
+def test_configure_logging_prefixes_only_for_journald(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plugin calling configure_logging() in a terminal gets no `<6>` prefixes; the same call
+    under systemd, stderr being journald's stream, gets them."""
+    root = logging.getLogger()
+    saved, level = list(root.handlers), root.level
+
+    def prefixed() -> bool:
+        configure_logging()
+        (handler,) = root.handlers
+        assert isinstance(handler.formatter, StructuredFormatter)
+        return handler.formatter.priority_prefix
+
+    try:
+        monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+        assert prefixed() is False
+        monkeypatch.setenv("JOURNAL_STREAM", _stream_id(2))
+        assert prefixed() is True
+    finally:
+        root.handlers[:] = saved
+        root.setLevel(level)
