@@ -49,6 +49,10 @@ class _Rejected(_Failed):
     """A security rule refused the plugin; not retried until its socket is recreated."""
 
 
+class _Refused(_Failed):
+    """The registration socket refused the connection: nobody listens on it (stale)."""
+
+
 class OperationExecutor:
     """Runs the reconciler's register and unregister operations (the kubelet's operation
     executor and generator, with its per-socket goroutine map and exponential backoff).
@@ -62,7 +66,9 @@ class OperationExecutor:
     and delays the next attempt (backoff from `registration_backoff_initial` up to
     `registration_backoff_max`); unlike the kubelet, a failed Register step is retried too, and
     the backoff belongs to the socket's generation, not its path: a plugin replaced by a new
-    socket at the same path starts afresh. A security rejection is not retried until the
+    socket at the same path starts afresh. A registration socket that refuses the connection
+    (nobody listens: a plugin killed left it) is `STALE`: retried alike, reported once per
+    generation, not held against readiness. A security rejection is not retried until the
     socket is recreated (`rejected_generation`).
     `start_unregister` removes the plugin from the actual state, then calls the handler's
     `deregister` (whose failure is only logged). Each operation ends by calling `kick`, so the
@@ -144,10 +150,21 @@ class OperationExecutor:
             metrics.REGISTRATIONS.labels(type=plugin_type, outcome=record.state.value).inc()
             log.error("plugin rejected", socket=record.socket, name=record.name, reason=str(exc))
             return
+        refused = isinstance(exc, _Refused)
+        was_stale = record.state is PluginState.STALE
         delay = self._caches.registration_failed(
-            record, str(exc), trio.current_time(), self._backoff
+            record, str(exc), trio.current_time(), self._backoff, refused=refused
         )
-        metrics.REGISTRATIONS.labels(type=plugin_type, outcome=record.state.value).inc()
+        metrics.REGISTRATIONS.labels(type=plugin_type, outcome="failed").inc()
+        if refused:
+            # Once per generation: its retries find the same dead socket until it is recreated.
+            if not was_stale:
+                log.warning(
+                    "stale plugin socket: nobody listening; remove it or restart the plugin",
+                    socket=record.socket,
+                    retry_in=delay,
+                )
+            return
         log.warning(
             "plugin registration failed",
             socket=record.socket,
@@ -163,7 +180,7 @@ class OperationExecutor:
         ) as channel:
             try:
                 self._check_path(socket)
-                await self._check_peer(socket)
+                await self._check_peer(socket, registration=True)
             except _Rejected as exc:
                 await self._notify(channel, record, False, str(exc))
                 raise
@@ -264,11 +281,15 @@ class OperationExecutor:
         except EndpointMissing as exc:
             raise _Failed("dial", str(exc)) from None
 
-    async def _check_peer(self, path: str) -> None:
+    async def _check_peer(self, path: str, *, registration: bool = False) -> None:
         try:
             creds = await peer_credentials(path, self._settings.dial_timeout)
         except (OSError, trio.TooSlowError) as exc:
-            raise _Failed("dial", f"cannot connect to {path}: {exc or 'timeout'}") from None
+            message = f"cannot connect to {path}: {exc or 'timeout'}"
+            # A refusing endpoint of a plugin that answers is that plugin failing, not stale.
+            if registration and isinstance(exc, ConnectionRefusedError):
+                raise _Refused("dial", message) from None
+            raise _Failed("dial", message) from None
         if not self._uid_allowed(creds.uid):
             raise _Rejected(
                 "peer_rejected",

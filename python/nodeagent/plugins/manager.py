@@ -18,6 +18,7 @@ from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
+from nodeagent.plugins import metrics
 from nodeagent.plugins.dra import DRA_PLUGIN_TYPE, DraHandler
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.handler import PluginHandler, PluginValidationError, StreamingHandler
@@ -182,7 +183,8 @@ class PluginManager:
             return False, describe("a plugin unreachable", worst, now, bound, len(lapses) - 1)
         states = [r.state for r in self._caches.records.values()]
         registered = states.count(PluginState.REGISTERED)
-        failing = len(states) - registered
+        stale = self._stale_sockets()
+        failing = len(states) - registered - len(stale)
         # Drivers that publish their own slices: registered, yet nothing is published for them.
         own = sum(
             1
@@ -197,11 +199,14 @@ class PluginManager:
         )
         return True, (
             f"{registered} plugins registered{publishing}, {failing} not registered{failing_now}"
+            f"{_describe_stale(stale)}"
         )
 
     def _unreachable_now(self) -> dict[str, str]:
         """Plugin sockets the agent cannot reach now, by socket, with why: registration
-        failing, probes failing, or the plugin's stream down (backing off)."""
+        failing, probes failing, or the plugin's stream down (backing off). Not a `STALE`
+        socket: nobody listens on it, its plugin left (a file the agent does not own and cannot
+        mend must not keep the node's agent not ready, nor roll a config on trial back)."""
         out: dict[str, str] = {}
         for r in self._caches.records.values():
             who = r.name or r.socket
@@ -240,7 +245,13 @@ class PluginManager:
         self._changed()
 
     def _changed(self) -> None:
+        metrics.STALE_SOCKETS.set(len(self._stale_sockets()))
         self.changes.set(None)
+
+    def _stale_sockets(self) -> list[str]:
+        return sorted(
+            r.socket for r in self._caches.records.values() if r.state is PluginState.STALE
+        )
 
     def _seen(self) -> Mapping[str, SocketIdentity]:
         return self._watcher.seen  # looked up each time: every scan replaces the mapping
@@ -264,6 +275,19 @@ class PluginManager:
         if owner != socket:
             stream["stream_state"] = f"replaced by {owner}"
         return stream
+
+
+def _describe_stale(sockets: Sequence[str], shown: int = 3) -> str:
+    """The readiness reason's part about sockets nobody listens on: their paths and the fix."""
+    if not sockets:
+        return ""
+    paths = ", ".join(sockets[:shown])
+    if len(sockets) > shown:
+        paths += f" and {len(sockets) - shown} more"
+    return (
+        f"; {len(sockets)} stale sockets refuse connections (nobody listening: remove them or "
+        f"restart their plugins): {paths}"
+    )
 
 
 def _self_publishing(plugin_type: str, versions: Sequence[str]) -> bool:

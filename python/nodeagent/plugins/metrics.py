@@ -46,3 +46,8 @@ REGISTERED = Gauge(
     "Plugins currently registered, by plugin type.",
     ["type"],
 )
+STALE_SOCKETS = Gauge(
+    "nodeagent_plugin_stale_sockets",
+    "Plugin sockets in the registry that refuse connections: nobody listens on them (a plugin "
+    "that died without removing its socket); not counted against readiness.",
+)

@@ -12,8 +12,14 @@ from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.settings import PluginSettings
-from nodeagent.plugins.state import ActualPlugin, Caches, ProbeVerdict, SocketIdentity
-from nodeagent.rpc.errors import RpcError
+from nodeagent.plugins.state import (
+    ActualPlugin,
+    Caches,
+    PluginState,
+    ProbeVerdict,
+    SocketIdentity,
+)
+from nodeagent.rpc.errors import RpcError, connection_refused
 
 if TYPE_CHECKING:
     from nodeagent.rpc.bridge import GrpcBridge
@@ -35,6 +41,9 @@ class ConnectionMonitor:
     not a dead plugin). After `probe_failures` consecutive failures a plugin is removed from the
     desired state, so the reconciler deregisters it in the ordinary way (consumers apply their
     own graces); a dropped socket that answers again gets a new generation and registers afresh.
+    A socket whose last failure was a refused connection (nobody listens: the plugin died and
+    left it) is dropped as `STALE`, and so is a dropped one that starts refusing: a plugin that
+    left, not one unreachable.
     A probe may last its two timeouts (30 s by default): its result is applied only to the
     registration it probed (`Caches.probe_result`), never to a plugin that replaced it at the
     same path meanwhile (a container restarted during the probe).
@@ -101,7 +110,8 @@ class ConnectionMonitor:
             error = exc
         # Read only now: the socket may have been recreated and registered again meanwhile.
         limit = self._settings.probe_failures
-        verdict = self._caches.probe_result(registered, error is None, limit)
+        refused = error is not None and connection_refused(error)
+        verdict = self._caches.probe_result(registered, error is None, limit, refused=refused)
         if verdict is ProbeVerdict.STALE:
             if error is not None:
                 log.info(
@@ -123,15 +133,40 @@ class ConnectionMonitor:
             error=str(error),
         )
         if verdict is ProbeVerdict.DROPPED:
+            if refused:
+                log.warning(
+                    "plugin deregistered: stale socket (nobody listening); "
+                    "remove it or restart the plugin",
+                    socket=registered.socket,
+                    name=registered.name,
+                )
             self._kick()
 
     async def _probe_dropped(self, socket: str, identity: SocketIdentity) -> None:
         """A socket dropped for failing probes comes back once it answers again."""
         try:
             await self._probe(socket)
-        except RpcError:
+        except RpcError as exc:
+            if connection_refused(exc):
+                self._refused(socket, identity)
             return
         if self._seen().get(socket) == identity and self._caches.desired.get(socket) is None:
             log.info("unresponsive plugin answers again", socket=socket)
             self._caches.desired.force_new_generation(socket, identity)
             self._kick()
+
+    def _refused(self, socket: str, identity: SocketIdentity) -> None:
+        """A socket dropped for failing probes now refuses connections: its plugin, hung until
+        then, is gone (killed) and left the socket."""
+        record = self._caches.records.get(socket)
+        if record is None or record.state is not PluginState.FAILED:
+            return  # already stale, or being registered again
+        if self._seen().get(socket) != identity or self._caches.desired.get(socket) is not None:
+            return  # recreated meanwhile: the record is not this socket's any more
+        self._caches.socket_refused(record, record.last_error)
+        log.warning(
+            "plugin socket stale (nobody listening); remove it or restart the plugin",
+            socket=socket,
+            name=record.name,
+        )
+        self._kick()

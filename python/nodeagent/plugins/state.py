@@ -39,6 +39,7 @@ __all__ = [
     "SocketIdentity",
     "operations",
     "plan",
+    "stale_socket",
 ]
 
 _generations = itertools.count(1)
@@ -200,6 +201,11 @@ class PluginState(enum.StrEnum):
     REGISTERED = "registered"
     FAILED = "failed"  # registration failed (retried with backoff) or deregistered by probes
     REJECTED = "rejected"  # a security rule refused it: not retried until the socket is recreated
+    # Its socket refuses connections: nobody listens (a plugin killed without removing it, as
+    # after an OOM kill). A plugin that left, not one unreachable: its registration is retried
+    # with backoff (a socket bound but not yet listening refuses too), a registered one is
+    # deregistered by its probes; a plugin binding the path again makes a new socket file.
+    STALE = "stale"
     DEREGISTERED = "deregistered"  # its socket is gone, its last data still kept by the handler
 
 
@@ -253,7 +259,10 @@ class Caches:
             record = self.records[wanted.socket] = PluginRecord(
                 wanted.socket, wanted.generation, endpoint_real=endpoint_real
             )
-        record.state = PluginState.REGISTERING
+        # A stale socket's retry (a connect refused at once) is no registration under way: it
+        # stays shown stale, never "registering" after an error (counted as unreachable).
+        if record.state is not PluginState.STALE:
+            record.state = PluginState.REGISTERING
         return record
 
     def registration_succeeded(self, record: PluginRecord) -> None:
@@ -264,12 +273,21 @@ class Caches:
         record.retry_at = None
 
     def registration_failed(
-        self, record: PluginRecord, error: str, now: float, backoff: Backoff
+        self,
+        record: PluginRecord,
+        error: str,
+        now: float,
+        backoff: Backoff,
+        *,
+        refused: bool = False,
     ) -> float:
         """Count a failed registration of `record`'s generation; the delay before its next
-        attempt (`backoff`'s, by this generation's failures in a row)."""
+        attempt (`backoff`'s, by this generation's failures in a row). `refused`: its socket
+        refused the connection, so it is `STALE`."""
         record.state = PluginState.FAILED
         record.last_error = error
+        if refused:
+            self.socket_refused(record)
         record.registration_failures += 1
         delay = backoff.delay(record.registration_failures)
         record.retry_at = now + delay
@@ -307,10 +325,13 @@ class Caches:
             return None
         return record
 
-    def probe_result(self, probed: ActualPlugin, ok: bool, limit: int) -> ProbeVerdict:
+    def probe_result(
+        self, probed: ActualPlugin, ok: bool, limit: int, *, refused: bool = False
+    ) -> ProbeVerdict:
         """Apply the result of a probe of `probed` (taken before the probe, which may have
         lasted long): only to the registration it probed. After `limit` failures in a row the
-        socket leaves the desired state, so the reconciler deregisters it."""
+        socket leaves the desired state, so the reconciler deregisters it; `STALE` if the last
+        failure was a refused connection (`refused`: nobody listens any more)."""
         record = self.in_force(probed)
         if record is None:
             return ProbeVerdict.STALE
@@ -322,5 +343,22 @@ class Caches:
             return ProbeVerdict.FAILED
         record.state = PluginState.FAILED
         record.last_error = f"deregistered after {record.probe_failures} failed probes"
+        if refused:
+            self.socket_refused(record, record.last_error)
         self.desired.remove(probed.socket)
         return ProbeVerdict.DROPPED
+
+    def socket_refused(self, record: PluginRecord, what: str = "") -> None:
+        """`record`'s socket refused a connection: nobody listens on it, the plugin left it
+        behind. Not deleted (the agent does not own it); shown `STALE` with its path."""
+        record.state = PluginState.STALE
+        reason = stale_socket(record.socket)
+        record.last_error = f"{what}: {reason}" if what else reason
+
+
+def stale_socket(socket: str) -> str:
+    """What an operator reads about a socket nobody listens on, and what to do about it."""
+    return (
+        f"socket {socket} refuses connections: a stale socket (nobody listening): "
+        "remove it or restart the plugin"
+    )

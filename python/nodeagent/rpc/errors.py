@@ -11,6 +11,7 @@ __all__ = [
     "MessageRejected",
     "MessageTooLarge",
     "RpcError",
+    "connection_refused",
 ]
 
 
@@ -37,6 +38,18 @@ class MessageTooLarge(MessageRejected):
 class MalformedMessage(MessageRejected):
     def __init__(self, detail: str) -> None:
         super().__init__("INTERNAL", f"malformed protobuf message: {detail}")
+
+
+def connection_refused(exc: BaseException) -> bool:
+    """Whether `exc`, or what caused it, is a refused connection (ECONNREFUSED). On a unix
+    socket it means nobody listens there: the process that bound it is gone (or has not called
+    listen yet), whereas a busy listener makes a connect wait, never refuse."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 ConnectCheck = Callable[[socket.socket, str], None]

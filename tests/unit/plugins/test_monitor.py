@@ -114,3 +114,40 @@ async def test_probes_run_every_probe_interval(
         await trio.sleep(5.0 * 3 + 0.1)
         nursery.cancel_scope.cancel()
     assert rig.plugin.get_info_calls == 3
+
+
+def refused() -> RpcError:
+    """What the bridge raises when nobody listens on a socket (the OSError is its cause)."""
+    error = RpcError("UNAVAILABLE", "connection failed: [Errno 111] Connection refused")
+    error.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    return error
+
+
+async def test_a_plugin_whose_socket_refuses_is_dropped_as_stale(registry: Path) -> None:
+    # Issue 29 item 1: a plugin killed without removing its socket left, it is not unreachable.
+    rig = Rig(registry)
+    rig.plugin.error = refused()
+    await rig.monitor.probe_all()
+    assert rig.record.probe_failures == 1  # one failure: still the kubelet's count
+    await rig.monitor.probe_all()
+    assert rig.record.state is PluginState.STALE
+    assert rig.record.last_error == (
+        "deregistered after 2 failed probes: socket /r/p.sock refuses connections: a stale "
+        "socket (nobody listening): remove it or restart the plugin"
+    )
+    assert rig.caches.desired.get(SOCKET) is None and rig.kicks.kicks == 1
+
+
+async def test_a_dropped_socket_that_starts_refusing_turns_stale(registry: Path) -> None:
+    # Dropped while hung (its probes timing out), then killed: its socket is left behind.
+    rig = Rig(registry)
+    rig.plugin.error = RpcError("DEADLINE_EXCEEDED", "slow")
+    await rig.monitor.probe_all()
+    await rig.monitor.probe_all()
+    rig.caches.actual.remove(SOCKET)  # the reconciler deregistered it
+    assert rig.record.last_error == "deregistered after 2 failed probes"
+    rig.plugin.error = refused()
+    await rig.monitor.probe_all()
+    assert rig.record.state is PluginState.STALE
+    assert rig.record.last_error.startswith("deregistered after 2 failed probes: socket /r/p.sock")
+    assert rig.kicks.kicks == 2

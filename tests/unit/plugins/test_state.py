@@ -122,6 +122,7 @@ def test_plugin_states_show_as_their_plain_names() -> None:
         "registered",
         "failed",
         "rejected",
+        "stale",
         "deregistered",
     ]
     assert PluginState("registered") is PluginState.REGISTERED

@@ -244,6 +244,30 @@ async def test_an_unreachable_plugin_is_not_ready_only_past_the_bound(
     assert manager.readiness()[0]
 
 
+async def test_a_stale_plugin_socket_is_never_held_against_readiness(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    # Issue 29 item 1: a socket nobody listens on (its plugin killed) is a plugin that left.
+    manager = PluginManager(
+        PluginSettings(registry_dir="/nonexistent", unreachable_bound=40),
+        object(),  # type: ignore[arg-type]  # the bridge: no plugin is dialled here
+    )
+    manager._watcher.scanned = True
+    record = PluginRecord(
+        socket="/r/gpu.sock", generation=1, state=PluginState.REGISTERED, name="gpu"
+    )
+    manager._caches.records[record.socket] = record
+    manager._caches.socket_refused(record, "deregistered after 2 failed probes")
+    stale = (
+        "1 stale sockets refuse connections (nobody listening: remove them or restart their "
+        "plugins): /r/gpu.sock"
+    )
+    for _ in range(30):  # 10 s apart: the status loop's heartbeat, well past the bound
+        assert manager.readiness() == (True, f"0 plugins registered, 0 not registered; {stale}")
+        await trio.sleep(10)
+    assert failing_seconds("plugins", "unreachable_plugins") == 0.0
+
+
 @pytest.mark.parametrize(
     ("build", "field"),
     [
