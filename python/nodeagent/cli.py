@@ -158,6 +158,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from nodeagent.log import configure_logging, get_logger, stderr_is_journal
     from nodeagent.service.agent import Agent, prepare_state_dir
     from nodeagent.service.component import FatalError
+    from nodeagent.service.state_lock import lock_state_dir
     from nodeagent.service.supervisor import describe, find_fatal
 
     # journald understands "<N>" priority prefixes; a terminal or a pipe does not.
@@ -182,6 +183,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # Before the agent reads its checkpoints there: an unusable state dir is a FatalError
         # naming it (exit 1), not a traceback or a component that never gets ready.
         prepare_state_dir(config.agent.state_dir)
+        # One agent per state dir, held until the process ends (the kernel releases it, also
+        # after a kill). A dry run persists nothing there: it runs beside the agent (a canary)
+        # without the lock, and never keeps the real one from starting. Held by this frame.
+        if not config.agent.dry_run:
+            _lock = lock_state_dir(config.agent.state_dir, config.agent.node_name)
         agent = Agent(
             config, reloader=lambda: load_config(args.config, overrides)[0], builder=builder
         )

@@ -127,6 +127,7 @@ def start_agent(tmp_path: Path) -> Iterator[StartAgent]:
         watchdog_usec: int | None = None,
         config: str | None = None,
         launcher: str = "nodeagent",
+        wrapper: Sequence[str] = (),
     ) -> AgentProcess:
         index = len(started)
         notify = NotifyListener(tmp_path / f"notify-{index}")
@@ -140,6 +141,8 @@ def start_agent(tmp_path: Path) -> Iterator[StartAgent]:
             full_env["WATCHDOG_USEC"] = str(watchdog_usec)
         full_env.update(env or {})
         command: Sequence[str] = [
+            # e.g. unshare: a wrapper that ends by exec'ing the agent (the pid stays the agent's)
+            *wrapper,
             sys.executable,
             "-m",
             launcher,  # tests.support.unready_agent: the command with a test-only component

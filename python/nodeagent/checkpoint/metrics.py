@@ -14,6 +14,12 @@ WRITE_FAILURES = Counter(
     "Checkpoint writes that failed (the previous checkpoint is kept), by name.",
     ["name"],
 )
+SWEEP_FAILURES = Counter(
+    "nodeagent_checkpoint_sweep_failures_total",
+    "Leftover temp files of a killed checkpoint write that could not be removed (a read-only "
+    "or foreign state directory: checkpoints are still read), by name.",
+    ["name"],
+)
 FOREIGN = Counter(
     "nodeagent_checkpoint_foreign_total",
     "Checkpoints refused on read because another node wrote them (a state directory reused "

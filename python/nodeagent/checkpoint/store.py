@@ -104,6 +104,9 @@ class CheckpointStore:
         self._keep_corrupt = keep_corrupt
         self._lock = threading.Lock()
         self._swept: set[str] = set()
+        # What this store last failed to do in the directory (a leftover not removed, a write
+        # not made), for the agent's status; None again after a successful write.
+        self.problem: str | None = None
 
     def path(self, name: str) -> Path:
         check_name(name)
@@ -126,9 +129,11 @@ class CheckpointStore:
                 self._ensure_directory()
                 _write_atomically(path, encode(data, self.node))
             except OSError as exc:
+                self.problem = f"checkpoint {name} not written: {exc.strerror or exc}"
                 metrics.WRITE_FAILURES.labels(name).inc()
                 log.warning("checkpoint write failed", name=name, path=str(path), error=str(exc))
                 raise
+            self.problem = None
 
     def _ensure_directory(self) -> None:
         if self.directory.is_dir():
@@ -224,16 +229,40 @@ class CheckpointStore:
         # Only this name's: another store's write in progress in the shared directory is not a
         # leftover (its rename would fail and the checkpoint silently stay old).
         pattern = re.compile(re.escape(f".{name}.") + _TEMP_SUFFIX)
+        # Swept once even when it fails: a leftover is never read (a write makes its own), so a
+        # read-only directory (EROFS) or one not ours (EACCES) is reported, not fatal: the reads
+        # go on from what is there, and its writes fail (reported) on their own.
+        self._swept.add(name)
         try:
             entries = list(self.directory.iterdir())
         except FileNotFoundError:
             entries = []
+        except OSError as exc:
+            problem = f"{self.directory} not listed for leftovers: {exc.strerror or exc}"
+            self._sweep_failed(name, problem)
+            return
         for entry in entries:
-            if pattern.fullmatch(entry.name) is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    entry.unlink()
-                    log.info("removed a leftover checkpoint temp file", path=str(entry))
-        self._swept.add(name)
+            if pattern.fullmatch(entry.name) is None:
+                continue
+            try:
+                entry.unlink()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                problem = f"leftover temp file {entry} not removed: {exc.strerror or exc}"
+                self._sweep_failed(name, problem)
+                continue
+            log.info("removed a leftover checkpoint temp file", path=str(entry))
+
+    def _sweep_failed(self, name: str, problem: str) -> None:
+        self.problem = problem
+        metrics.SWEEP_FAILURES.labels(name).inc()
+        log.error(
+            "leftover checkpoint temp file not removed (a read-only state directory?); "
+            "checkpoints are read, writes will fail",
+            name=name,
+            problem=problem,
+        )
 
 
 def _write_atomically(path: Path, content: bytes) -> None:

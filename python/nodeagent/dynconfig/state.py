@@ -140,7 +140,12 @@ def bad_file(hash_: str, kind: BadKind, reason: str, at: float) -> Bad:
 
 def load(store: CheckpointStore) -> State | str:
     """The checkpointed state, or why there is none to start from."""
-    read = store.read(CHECKPOINT_NAME)
+    try:
+        read = store.read(CHECKPOINT_NAME)
+    except OSError as exc:
+        # A file that cannot be read (EIO, EACCES) is no start: the local config runs and the
+        # boot's reason (logged, in the condition) says why; the store left the file as it is.
+        return f"checkpoint unreadable: {exc.strerror or exc}"
     if read.state is CheckpointState.NOT_FOUND:
         return "no checkpoint"
     if read.state is CheckpointState.FOREIGN:

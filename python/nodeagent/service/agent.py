@@ -484,7 +484,17 @@ class Agent:
             "cnr": cnr_summary(self.cnr()),
             "config_reload": self.last_reload,
             "dynconfig": self.dynconfig(),
+            "checkpoint_problems": self.checkpoint_problems(),
         }
+
+    def checkpoint_problems(self) -> list[str]:
+        """What the checkpoint stores last failed to do in the state directory (a read-only
+        mount: a leftover not removed, a write not made); the agent runs on, on what it read."""
+        stores = [
+            self.controller.store if self.controller is not None else None,
+            self.reporter_component.checkpoints if self.reporter_component is not None else None,
+        ]
+        return sorted({s.problem for s in stores if s is not None and s.problem is not None})
 
 
 def _apply_log_level(old: AgentSettings, new: AgentSettings) -> None:

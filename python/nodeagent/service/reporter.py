@@ -91,6 +91,10 @@ class ReporterComponent:
         self.looking_up = False
 
     @property
+    def checkpoints(self) -> CheckpointStore | None:
+        return self._checkpoints
+
+    @property
     def _settings(self) -> ReporterSettings:
         return self._live.value
 

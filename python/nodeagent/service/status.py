@@ -103,6 +103,10 @@ def render(status: dict[str, Any], plugins: list[dict[str, Any]]) -> str:
         ),
         "",
     ]
+    # The state directory's trouble (read-only): the agent runs, its checkpoints do not keep.
+    problems = status.get("checkpoint_problems") or []
+    if problems:
+        out += [f"checkpoints: {problem}" for problem in problems] + [""]
     if not plugins:
         out.append(f"no plugins (registry: {status.get('registry_dir')})")
     else:

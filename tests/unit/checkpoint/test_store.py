@@ -4,6 +4,7 @@ log), atomic writes that clean up after a failure, name validation, Katalyst's f
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import json
 import logging
@@ -274,3 +275,33 @@ def test_decode_names_what_is_wrong(blob: bytes, reason: str) -> None:
 def test_directory_is_created_private(store: CheckpointStore) -> None:
     store.write("a", b"x")
     assert os.stat(store.directory).st_mode & 0o777 == 0o700
+
+
+def test_a_leftover_that_cannot_be_removed_is_reported_and_the_checkpoint_still_read(
+    store: CheckpointStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A read-only state directory holding the temp file of a killed write (issue 29 item 9):
+    # the sweep's EROFS used to be raised out of the read, and out of the agent's boot.
+    store.write("a", b"good")
+    leftover = store.directory / ".a.abcd1234.tmp"
+    leftover.write_bytes(b"half a checkpoint")
+    unlink = Path.unlink
+
+    def refuse(self: Path, missing_ok: bool = False) -> None:
+        if self == leftover:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        unlink(self, missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    fresh = CheckpointStore(store.directory)
+    before = _metric("nodeagent_checkpoint_sweep_failures_total", "a")
+    with caplog.at_level(logging.ERROR, logger="nodeagent.checkpoint"):
+        assert fresh.read("a").data == b"good"
+        assert fresh.read("a").data == b"good"  # swept once: reported once
+    assert _metric("nodeagent_checkpoint_sweep_failures_total", "a") == before + 1
+    assert caplog.text.count("leftover checkpoint temp file not removed") == 1
+    assert fresh.problem == f"leftover temp file {leftover} not removed: Read-only file system"
+    assert leftover.exists()
+    monkeypatch.undo()
+    fresh.write("a", b"newer")  # the directory is writable again: nothing left to report
+    assert fresh.problem is None

@@ -52,3 +52,17 @@ def test_the_bad_list_keeps_the_newest_32_and_one_entry_per_hash() -> None:
     assert len(state.bad) == 32
     assert [b.hash for b in state.bad][-2:] == ["h38", "h39"]
     assert state.bad[-1].kind is BadKind.VETO and state.bad[0].hash == "h8"
+
+
+def test_a_checkpoint_that_cannot_be_read_is_a_reason_not_a_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # boot() raises nothing: an I/O error is the local config's reason, as a corrupt file is.
+    store = CheckpointStore(tmp_path)
+    save(store, State())
+
+    def fail(self: Path) -> bytes:
+        raise OSError(5, "Input/output error", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", fail)
+    assert load(store) == "checkpoint unreadable: Input/output error"
