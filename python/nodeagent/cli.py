@@ -136,16 +136,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _hold_sighups() -> list[int]:
+def _hold_signals() -> list[int]:
     """From now until the agent's own receiver takes over, a SIGHUP (a reload sent while the
-    agent starts) is recorded instead of killing the process (the default action, rc 129)."""
+    agent starts) or a SIGTERM (a stop) is recorded instead of killing the process (the default
+    actions, rc 129 and 143): the agent then ignores the reload and stops cleanly, so a stop
+    right after a start that resumed a trial is a clean stop, never taken for a crash."""
     held: list[int] = []
-    signal.signal(signal.SIGHUP, lambda signum, _frame: held.append(signum))
+    for signum in (signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, lambda signum, _frame: held.append(signum))
     return held
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    early_sighups = _hold_sighups()
+    early_signals = _hold_signals()
     try:
         config, source = load_config(args.config, overrides_from_args(args))
     except ConfigError as exc:
@@ -191,7 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         agent = Agent(
             config, reloader=lambda: load_config(args.config, overrides)[0], builder=builder
         )
-        agent.early_sighups = early_sighups
+        agent.early_signals = early_signals
         trio.run(agent.run)
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were installed
         return 130

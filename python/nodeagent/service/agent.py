@@ -156,7 +156,8 @@ class Agent:
         self.hub.agent.subscribe(on_applied=_apply_log_level, name="log")
         self.reloader = reloader
         # SIGHUPs that came before `run` installed its signal receiver (the CLI appends them).
-        self.early_sighups: list[int] = []
+        # SIGHUP and SIGTERM the CLI held from its first line until run() took over.
+        self.early_signals: list[int] = []
         self.last_reload: dict[str, Any] | None = None
         self.notifier = notifier or Notifier.from_env()
         self.heartbeat = Heartbeat.from_env(
@@ -205,13 +206,18 @@ class Agent:
         self.cluster.preflight()
         prepare_state_dir(self.config.agent.state_dir)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
-            if self.early_sighups:
+            sighups = self.early_signals.count(signal.SIGHUP)
+            if sighups:
                 # Held by the CLI from its first line until this receiver took over.
                 log.warning(
                     "SIGHUP received while starting, before reloads were possible: ignored "
                     "(the configuration in use was read at start)",
-                    count=len(self.early_sighups),
+                    count=sighups,
                 )
+            if signal.SIGTERM in self.early_signals:
+                # A stop asked for while starting: as clean as one asked for later (the main
+                # scope is cancelled before it is entered, the hooks and stop_clean still run).
+                self.request_shutdown("SIGTERM (received while starting)")
             async with trio.open_nursery() as outer:
                 outer.start_soon(self._watch_signals, signals)
                 with self._main_scope:
