@@ -215,7 +215,6 @@ class KubeletDriver:
         self._lock = trio.Lock()
         self.prepared: dict[str, _Prepared] = {}
         self.health: LatestValue[tuple[DeviceHealth, ...]] = LatestValue(())
-        self.calls = 0  # prepare and unprepare calls answered (for tests and metrics)
 
     def load(self) -> None:
         """Read the checkpoint of prepared claims (a corrupt one is moved aside: fresh)."""
@@ -244,7 +243,6 @@ class KubeletDriver:
             if ref.uid not in self.prepared:
                 claims[ref.uid] = await self._read(ref)
         async with self._lock:
-            self.calls += 1
             out: dict[str, ClaimOutcome] = {}
             for ref in refs:
                 out[ref.uid] = await self._prepare_one(ref, claims.get(ref.uid))
@@ -325,7 +323,6 @@ class KubeletDriver:
 
     async def unprepare_claims(self, refs: Sequence[ClaimRef]) -> dict[str, ClaimOutcome]:
         async with self._lock:
-            self.calls += 1
             out: dict[str, ClaimOutcome] = {}
             for ref in refs:
                 out[ref.uid] = await self._unprepare_one(ref)
@@ -409,6 +406,35 @@ def _refs(claims: Sequence[Any]) -> list[ClaimRef]:
     return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
 
 
+async def _prepare(driver: KubeletDriver, stream: Stream[Any, Any], pb: Any) -> None:
+    """NodePrepareResources on `pb`'s messages (v1 or v1beta1: the same but for share_id)."""
+    request = await stream.recv_message()
+    assert request is not None
+    outcomes = await run_in_trio(driver.prepare_claims, _refs(request.claims))
+    response = pb.NodePrepareResourcesResponse()
+    for uid, outcome in outcomes.items():
+        entry = response.claims[uid]
+        entry.error = outcome.error
+        for requests, pool, device, ids, share_id in outcome.devices:
+            added = entry.devices.add(
+                request_names=requests, pool_name=pool, device_name=device, cdi_device_ids=ids
+            )
+            if share_id and pb is v1:  # v1beta1 has no share ID
+                added.share_id = share_id
+    await stream.send_message(response)
+
+
+async def _unprepare(driver: KubeletDriver, stream: Stream[Any, Any], pb: Any) -> None:
+    """NodeUnprepareResources on `pb`'s messages: every claim asked for has an entry."""
+    request = await stream.recv_message()
+    assert request is not None
+    outcomes = await run_in_trio(driver.unprepare_claims, _refs(request.claims))
+    response = pb.NodeUnprepareResourcesResponse()
+    for uid, outcome in outcomes.items():
+        response.claims[uid].error = outcome.error
+    await stream.send_message(response)
+
+
 class _DRAPluginV1(v1_grpc.DRAPluginBase):
     def __init__(self, driver: KubeletDriver) -> None:
         self._driver = driver
@@ -416,35 +442,16 @@ class _DRAPluginV1(v1_grpc.DRAPluginBase):
     async def NodePrepareResources(
         self, stream: Stream[v1.NodePrepareResourcesRequest, v1.NodePrepareResourcesResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        outcomes = await run_in_trio(self._driver.prepare_claims, _refs(request.claims))
-        response = v1.NodePrepareResourcesResponse()
-        for uid, outcome in outcomes.items():
-            entry = response.claims[uid]
-            entry.error = outcome.error
-            for requests, pool, device, ids, share_id in outcome.devices:
-                d = entry.devices.add(
-                    request_names=requests, pool_name=pool, device_name=device, cdi_device_ids=ids
-                )
-                if share_id:
-                    d.share_id = share_id
-        await stream.send_message(response)
+        await _prepare(self._driver, stream, v1)
 
     async def NodeUnprepareResources(
         self, stream: Stream[v1.NodeUnprepareResourcesRequest, v1.NodeUnprepareResourcesResponse]
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        outcomes = await run_in_trio(self._driver.unprepare_claims, _refs(request.claims))
-        response = v1.NodeUnprepareResourcesResponse()
-        for uid, outcome in outcomes.items():
-            response.claims[uid].error = outcome.error
-        await stream.send_message(response)
+        await _unprepare(self._driver, stream, v1)
 
 
 class _DRAPluginV1beta1(v1beta1_grpc.DRAPluginBase):
-    """The same calls on the v1beta1 messages (no share ID), for kubelets that pick v1beta1."""
+    """The same calls on the v1beta1 messages, for kubelets that pick v1beta1."""
 
     def __init__(self, driver: KubeletDriver) -> None:
         self._driver = driver
@@ -453,18 +460,7 @@ class _DRAPluginV1beta1(v1beta1_grpc.DRAPluginBase):
         self,
         stream: Stream[v1beta1.NodePrepareResourcesRequest, v1beta1.NodePrepareResourcesResponse],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        outcomes = await run_in_trio(self._driver.prepare_claims, _refs(request.claims))
-        response = v1beta1.NodePrepareResourcesResponse()
-        for uid, outcome in outcomes.items():
-            entry = response.claims[uid]
-            entry.error = outcome.error
-            for requests, pool, device, ids, _share in outcome.devices:
-                entry.devices.add(
-                    request_names=requests, pool_name=pool, device_name=device, cdi_device_ids=ids
-                )
-        await stream.send_message(response)
+        await _prepare(self._driver, stream, v1beta1)
 
     async def NodeUnprepareResources(
         self,
@@ -472,13 +468,7 @@ class _DRAPluginV1beta1(v1beta1_grpc.DRAPluginBase):
             v1beta1.NodeUnprepareResourcesRequest, v1beta1.NodeUnprepareResourcesResponse
         ],
     ) -> None:
-        request = await stream.recv_message()
-        assert request is not None
-        outcomes = await run_in_trio(self._driver.unprepare_claims, _refs(request.claims))
-        response = v1beta1.NodeUnprepareResourcesResponse()
-        for uid, outcome in outcomes.items():
-            response.claims[uid].error = outcome.error
-        await stream.send_message(response)
+        await _unprepare(self._driver, stream, v1beta1)
 
 
 async def _watch_health(driver: KubeletDriver, stream: Stream[Any, Any], pb: Any) -> None:
