@@ -34,10 +34,11 @@ from nodeagent.kube import errors
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_katalyst_plugin import apiserver_cnr_writes, cnr_view
-from tests.process.test_process_resourceslices import metric_sum, until
+from tests.process.test_process_resourceslices import metric_sum
 from tests.support.apiserver import ApiServer
 from tests.support.audit import audit_events, start_audited_apiserver
 from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
+from tests.support.wait import until
 
 NODE = "node-w"
 FOREIGN_LABEL = "ops.example.com/rack"

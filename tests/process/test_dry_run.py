@@ -36,11 +36,11 @@ from tests.process.test_process_resourceslices import (
     metric_sum,
     node_slices,
     settled,
-    until,
 )
 from tests.support.apiserver import ApiServer
 from tests.support.audit import audit_events, start_audited_apiserver
 from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
+from tests.support.wait import NotYet, until
 
 # Every write, at Metadata level: verb, object, user, user agent and the request URI (which
 # carries dryRun=All).
@@ -191,7 +191,9 @@ def test_a_dry_run_persists_nothing_and_reports_what_a_real_agent_then_writes(
     dry = start(start_agent, apiserver, registry, "--dry-run")
     settle(dry, "the dry-run agent")
     view = until(
-        lambda: (v := writes_view(dry))["total"] and v, "the dry run's would-be slice", timeout=60
+        lambda: v if (v := writes_view(dry))["total"] else NotYet(v),
+        "the dry run's would-be slice",
+        timeout=60,
     )
     assert view["dry_run"] is True
     # Its view holds what it would have written: the pool is synced, not pending forever.

@@ -21,7 +21,6 @@ import trio
 from nodeagent.kube import CORE_EVENTS, NODES, KubeClient, errors
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
-from tests.process.test_process_resourceslices import until
 from tests.process.test_reload import status_text
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import REPO_ROOT, apply_manifest
@@ -32,6 +31,7 @@ from tests.support.nodeagentconfig import (
     nodeagentconfig,
 )
 from tests.support.resources import CRDS
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module", nodes=("node-a", "node-b", "node-c", "node-d"))
 

@@ -20,7 +20,7 @@ from nodeagent.checkpoint import CheckpointStore
 from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.dynconfig.state import CHECKPOINT_NAME, Assignment, Known, State
 from tests.process.conftest import AgentProcess, StartAgent
-from tests.process.test_process_resourceslices import until
+from tests.support.wait import until
 
 REMOTE = {"plugins": {"scan_interval": 0.37}, "agent": {"log_level": "debug"}}
 

@@ -20,8 +20,8 @@ from tests.process.test_dynconfig import (
     _start,
     _until_condition,
 )
-from tests.process.test_process_resourceslices import until
 from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module", nodes=("node-r",))
 
@@ -58,7 +58,7 @@ def test_sigterm_during_a_trial_resumes_it_and_sigkill_still_rolls_back(
         doc = _dyn(second)
         return doc if doc["trial"] is None else None
 
-    promoted = until(promotion, "promoted when the trial ends", 40)
+    promoted = until(promotion, "promoted when the trial ends", timeout=40)
     assert promoted["last_known_good"]["hash"] == on_trial["active"]["hash"]
     assert promoted["active"]["hash"] == on_trial["active"]["hash"]
     assert promoted["bad"] == []

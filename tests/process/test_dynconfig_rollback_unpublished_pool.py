@@ -24,9 +24,9 @@ from tests.process.test_dynconfig import (
     _put_config,
     _start,
 )
-from tests.process.test_process_resourceslices import until
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.churning_plugin import DRIVER, churning_plugin
+from tests.support.wait import until
 
 NODE = "node-h"
 apiserver = apiserver_fixture(scope="module", nodes=(NODE,))

@@ -15,9 +15,9 @@ import trio
 from tests.process.conftest import StartAgent
 from tests.process.test_dynconfig import _condition, _dyn, _prepare, _put_config, _start
 from tests.process.test_dynconfig_rollback_unpublished_pool import _metric, _published
-from tests.process.test_process_resourceslices import until
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.churning_plugin import churning_plugin
+from tests.support.wait import until
 
 NODE = "node-i"
 apiserver = apiserver_fixture(scope="module", nodes=(NODE,))

@@ -9,7 +9,7 @@ from typing import Any
 
 from tests.process.conftest import StartAgent
 from tests.process.test_process_cnr import plugin, registry  # noqa: F401  (fixtures)
-from tests.process.test_process_resourceslices import until
+from tests.support.wait import until
 
 
 def test_plugins_view_shows_reporter_values_as_json(

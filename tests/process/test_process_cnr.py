@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.process.conftest import StartAgent, nodeagent_command
-from tests.process.test_process_resourceslices import until
+from tests.support.wait import until
 
 PLUGIN = """
 import sys, trio

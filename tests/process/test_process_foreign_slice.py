@@ -45,9 +45,9 @@ from tests.process.test_process_resourceslices import (
     node,
     node_slices,
     start_cluster_agent,
-    until,
 )
 from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module")
 __all__ = ["node"]  # fixture, re-used

@@ -28,9 +28,9 @@ from tests.process.test_process_resourceslices import (
     registry,
     settled,
     start_cluster_agent,
-    until,
 )
 from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module", release="1.35", gates="default")
 __all__ = ["node", "registry"]  # fixtures, re-used

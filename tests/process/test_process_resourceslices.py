@@ -11,8 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import suppress
 from typing import Any, TypeVar
 
@@ -24,6 +23,7 @@ from nodeagent.kube import NODES, RESOURCESLICES, errors
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
 from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module")
 
@@ -85,17 +85,6 @@ def plugin(registry: str) -> Iterator[subprocess.Popen[str]]:
     proc.wait(10)
     assert proc.stderr is not None
     proc.stderr.close()
-
-
-def until(check: Callable[[], T | None], what: str, timeout: float = 30) -> T:
-    """Poll a real process (agent or apiserver) until `check` gives a value."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def node_slices(apiserver: ApiServer) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
-from tests.process.test_process_resourceslices import until
+from tests.support.wait import until
 
 
 @pytest.fixture

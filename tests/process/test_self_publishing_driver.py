@@ -39,7 +39,6 @@ from tests.process.test_process_resourceslices import (  # noqa: F401 - node: a 
     metric_sum,
     node,
     node_slices,
-    until,
 )
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.draplugin import (
@@ -50,6 +49,7 @@ from tests.support.draplugin import (
     named_resources,
 )
 from tests.support.draplugin_v037 import SERVICES, ModernDraPlugin, Notification, device
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module")
 

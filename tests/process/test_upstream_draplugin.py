@@ -26,10 +26,10 @@ from tests.process.test_process_resourceslices import (  # noqa: F401 - node: a 
     NODE,
     node,
     node_slices,
-    until,
 )
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.draplugin import DraPlugin, KubeletDirs, instance, kubelet_dirs, named_resources
+from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module")
 

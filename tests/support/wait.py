@@ -76,7 +76,7 @@ def until(
     what: str,
     *,
     timeout: float = 30.0,
-    interval: float = 0.05,
+    interval: float = 0.2,  # its checks start processes and send requests: poll gently
 ) -> T:
     """`wait_until` for synchronous tests (threads, subprocesses)."""
     deadline = time.monotonic() + timeout
