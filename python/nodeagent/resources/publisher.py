@@ -182,7 +182,7 @@ class Publisher:
         """The desired slices per driver and pool, and each driver's state, for the ops
         endpoint. The slices are built once per inventory, not per call."""
         out: dict[str, Any] = {}
-        for driver, state in sorted(self._tracker.drivers.items()):
+        for driver, state in sorted(self._shown().items()):
             out[driver] = {
                 "registered": state.registered,
                 "last_error": state.last_error,
@@ -192,9 +192,27 @@ class Publisher:
 
     def counts(self) -> tuple[int, int, int]:
         """(drivers, pools, slices) desired: what readiness shows, without building slices."""
-        drivers = self._tracker.drivers.values()
-        pools = sum(len(s.inventory.pools) for s in drivers if s.inventory is not None)
-        return len(self._tracker.drivers), pools, self._desired.slice_count()
+        shown = self._shown()
+        pools = sum(len(s.inventory.pools) for s in shown.values() if s.inventory is not None)
+        if len(shown) == len(self._tracker.drivers):
+            return len(shown), pools, self._desired.slice_count()
+        desired = (self._desired.get(k) for k in self._desired if k[0] in shown)
+        return len(shown), pools, sum(len(d.specs) for d in desired if d is not None)
+
+    def _shown(self) -> dict[str, DriverState]:
+        """The drivers whose slices are desired. Standalone, nothing is written whose
+        deletion would end a gone driver's grace: its slices are shown (not registered) for
+        ``disconnect_grace`` after it left, then no more (a start-up grace is for slices
+        published before a restart, which standalone has none of)."""
+        drivers = self._tracker.drivers
+        if not self.standalone:
+            return drivers
+        now, grace = trio.current_time(), self.settings.disconnect_grace
+        return {
+            d: s
+            for d, s in drivers.items()
+            if s.registered or s.gone_since is None or now < s.gone_since + grace
+        }
 
     def rejected(self) -> list[str]:
         """Drivers whose latest inventory was rejected."""

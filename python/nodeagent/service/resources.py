@@ -65,7 +65,10 @@ class ResourcesComponent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         if self._client is None:
-            self.publisher = Publisher(node_name=self.node_name, inventories=self._inventories)
+            # The settings too: the view follows the configured disconnect_grace.
+            self.publisher = Publisher(
+                node_name=self.node_name, inventories=self._inventories, settings=self._settings
+            )
             await self.publisher.run(task_status=task_status)
             return
         acc = Accumulator(
