@@ -36,6 +36,7 @@ from tests.integration.test_resourceslices import (
     versions,
 )
 from tests.support.apiserver import ApiServer, start_apiserver
+from tests.support.wait import NotYet, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -446,3 +447,48 @@ async def test_a_restart_on_default_gates_makes_no_write(
     items = await node_slices(admin_off)
     assert versions(items) == before
     assert {o["spec"]["pool"]["generation"] for o in items} == {1}
+
+
+async def test_a_refused_shrink_leaves_the_complete_pool_published(
+    gates_on: ApiServer, admin_on: KubeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 item 11, with node credentials: the pool shrinks from two slices (200 devices)
+    to one (100), the kept slice holding a value the server refuses (80 bytes of text; the
+    agent's limit lifted to let it through). The plan is one update and one delete; before,
+    only creates and updates counted for the dry run, the delete went first and the update was
+    refused: one slice of a pool of two left, until the inventory changed. Now the plan is
+    dry-run first: nothing is written, the pool of generation 1 stays whole."""
+    monkeypatch.setattr(model, "MAX_ATTRIBUTE_STRING", 1000)
+    plugins = Plugins()
+    plugins.send(_gpus(200))
+    async with publisher(gates_on, plugins, invalid_retry_interval=3600.0) as pub:
+        before = versions(await _settled(pub, admin_on, 2))
+        writes, dry = pub.writes, metrics.DRY_RUNS.labels("error")._value.get()
+        plugins.send(_gpus(100, bad=99))
+
+        def refused() -> bool | NotYet:
+            return (DRIVER, NODE) in pub.invalid() or NotYet(pub.failing())
+
+        await wait_until(refused, "the shrunk pool refused")
+        items = await node_slices(admin_on)
+        assert versions(items) == before, "the refused plan wrote (or deleted) a slice"
+        assert {
+            (o["spec"]["pool"]["generation"], o["spec"]["pool"]["resourceSliceCount"])
+            for o in items
+        } == {(1, 2)}
+        assert pub.writes == writes
+        assert metrics.DRY_RUNS.labels("error")._value.get() == dry + 1
+        assert "64 bytes" in pub.failing()[(DRIVER, NODE)]
+        # Fixed: the pool shrinks to one slice of a new generation.
+        plugins.send(_gpus(100))
+
+        async def shrunk() -> list[dict[str, Any]] | NotYet:
+            got = await node_slices(admin_on)
+            return got if len(got) == 1 else NotYet(versions(got))
+
+        got: list[dict[str, Any]] = await wait_until(shrunk, "one slice")
+        (kept,) = got
+        assert kept["spec"]["pool"]["resourceSliceCount"] == 1
+        assert len(kept["spec"]["devices"]) == 100
+        await quiet(pub)
+        assert pub.failing() == {}

@@ -673,12 +673,13 @@ class Publisher:
             for i in creates
             if desired is not None
         ]
-        if len(bodies) > 1 and ordered:
-            # More than one write means a new generation: the pool is complete again only
+        if len(bodies) + len(deletes) > 1 and ordered:
+            # More than one change means a new generation: the pool is complete again only
             # once all of them are done. A slice the server refuses, found after the first
-            # writes, would leave the pool incomplete and every device in it unallocatable;
-            # found by a dry run, it leaves the last complete pool published. (A pool with no
-            # slice yet has nothing to lose: its first publish is not doubled.)
+            # changes, would leave the pool incomplete and every device in it unallocatable;
+            # found by a dry run, it leaves the last complete pool published. Deletes count:
+            # a shrinking pool deletes before it updates what it keeps (issue 29 item 11).
+            # (A pool with no slice yet has nothing to lose: its first publish is not doubled.)
             for verb, body, _ in bodies:
                 await writes.dry_run(verb, body)
         try:
