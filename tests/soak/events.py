@@ -1,0 +1,245 @@
+"""The soak's events: a weighted table of what a week on a node does, each event a function that
+does it to the world and updates the model (what the invariants expect).
+
+An event applies only when its precondition holds (a stopped plugin cannot be killed); the draw
+is repeated until one applies. Preconditions depend only on the soak's own earlier events, so a
+seed replays the same schedule.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.soak.invariants import (
+    CRASHLOOP_RESTARTS,
+    FOREIGN,
+    Invariants,
+    stop_agent,
+)
+from tests.soak.world import NAC_PATH, SLICES_PATH, ApiDown, Plugin, inventory
+
+NAC_NAME = "soak"
+# Pool sizes: across the 128-device slice boundary both ways (a pool growing to two slices and
+# shrinking back to one, issue 29 item 11).
+SIZES = (3, 40, 127, 129, 200)
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    weight: int
+    applies: Callable[[Invariants], bool]
+    run: Callable[[Invariants, random.Random], str]
+
+
+def _running(inv: Invariants) -> list[Plugin]:
+    return [p for p in inv.world.plugins if p.running]
+
+
+def _stopped(inv: Invariants) -> list[Plugin]:
+    return [p for p in inv.world.plugins if not p.running]
+
+
+def _new_inventory(rng: random.Random, step: int) -> list[dict[str, object]]:
+    return list(inventory(rng.choice(SIZES), f"s{step}"))
+
+
+def plugin_kill(inv: Invariants, rng: random.Random) -> str:
+    """SIGKILL (an OOM kill): the registration socket stays behind."""
+    p = rng.choice(_running(inv))
+    p.stop(signal.SIGKILL)
+    return f"SIGKILL plugin {p.node}/{p.driver} (socket left)"
+
+
+def plugin_start(inv: Invariants, rng: random.Random) -> str:
+    p = rng.choice(_stopped(inv))
+    if rng.random() < 0.5:
+        p.set_inventory(_new_inventory(rng, inv.step))
+    p.start()
+    return f"start plugin {p.node}/{p.driver} ({len(p.devices)} devices)"
+
+
+def plugin_upgrade(inv: Invariants, rng: random.Random) -> str:
+    """An upgrade in place: the old process killed, the new one started at once with another
+    inventory."""
+    p = rng.choice(_running(inv))
+    p.stop(rng.choice((signal.SIGKILL, signal.SIGTERM)))
+    p.set_inventory(_new_inventory(rng, inv.step))
+    p.start()
+    return f"upgrade plugin {p.node}/{p.driver} ({len(p.devices)} devices)"
+
+
+def plugin_inventory(inv: Invariants, rng: random.Random) -> str:
+    p = rng.choice(_running(inv))
+    p.set_inventory(_new_inventory(rng, inv.step))
+    return f"inventory of {p.node}/{p.driver} -> {len(p.devices)} devices"
+
+
+def _restart_agent(inv: Invariants, signum: int) -> None:
+    model = inv.model
+    if model.target == "good":
+        # A config assigned when the agent dies may be on trial: a SIGKILL is a crash during
+        # it, the CRASHLOOP_RESTARTS-th clean stop counts as crash-looping (both documented).
+        if signum == signal.SIGKILL:
+            model.at_risk.add(model.marker)
+        else:
+            model.clean_stops[model.marker] += 1
+            if model.clean_stops[model.marker] >= CRASHLOOP_RESTARTS:
+                model.at_risk.add(model.marker)
+    stop_agent(inv, "node-a", signum)
+    inv.world.start_agent("node-a")
+
+
+def agent_sigterm(inv: Invariants, rng: random.Random) -> str:
+    _restart_agent(inv, signal.SIGTERM)
+    return "SIGTERM node-a's agent, restart"
+
+
+def agent_sigkill(inv: Invariants, rng: random.Random) -> str:
+    _restart_agent(inv, signal.SIGKILL)
+    return "SIGKILL node-a's agent, restart"
+
+
+def agent_kill_during_write(inv: Invariants, rng: random.Random) -> str:
+    """A new inventory, then the agent killed while it is writing it (or just before)."""
+    p = rng.choice([p for p in _running(inv) if p.node == "node-a"])
+    p.set_inventory(_new_inventory(rng, inv.step))
+    delay = rng.uniform(0.0, 0.6)
+    time.sleep(delay)  # the moment of the kill, drawn: not a synchronisation
+    signum = rng.choice((signal.SIGKILL, signal.SIGTERM))
+    _restart_agent(inv, signum)
+    return (
+        f"inventory of {p.driver} -> {len(p.devices)} devices, then "
+        f"{signal.Signals(signum).name} node-a's agent after {delay:.2f} s, restart"
+    )
+
+
+def watch_cut(inv: Invariants, rng: random.Random) -> str:
+    n = inv.world.proxy.cut_all()
+    return f"every connection through the proxy cut ({n})"
+
+
+def apiserver_restart(inv: Invariants, rng: random.Random) -> str:
+    inv.world.apiserver.restart()
+    return "kube-apiserver restarted (same etcd)"
+
+
+def _put_config(inv: Invariants, config: dict[str, object]) -> None:
+    body = {
+        "apiVersion": "nodeagent.io/v1alpha1",
+        "kind": "NodeAgentConfig",
+        "metadata": {"name": NAC_NAME},
+        "spec": {"nodeNames": ["node-a"], "config": config},
+    }
+    status, got = inv.world.admin("GET", f"{NAC_PATH}/{NAC_NAME}")
+    if status == 404:
+        status, got = inv.world.admin("POST", NAC_PATH, body)
+    elif status == 200:
+        body["metadata"] = got["metadata"]
+        status, got = inv.world.admin("PUT", f"{NAC_PATH}/{NAC_NAME}", body)
+    if status not in (200, 201):
+        raise ApiDown(f"NodeAgentConfig write: {status} {got}")
+
+
+def config_good(inv: Invariants, rng: random.Random) -> str:
+    # plugins.scan_interval marks the config: good ones in [0.3, 0.5), invalid in [0.6, 0.8),
+    # unique for 1000 steps.
+    marker = round(0.3 + 0.0002 * (inv.step % 1000), 4)
+    config: dict[str, object] = {"plugins": {"scan_interval": marker}}
+    if rng.random() < 0.5:
+        config["agent"] = {"log_level": rng.choice(("info", "warning"))}
+    _put_config(inv, config)
+    inv.model.target, inv.model.marker = "good", marker
+    # A new generation of the object: a config rolled back before is tried again.
+    inv.model.rolled_back.discard(marker)
+    inv.model.at_risk.discard(marker)
+    inv.model.clean_stops.pop(marker, None)
+    return f"NodeAgentConfig {NAC_NAME} good: {config}"
+
+
+def config_invalid(inv: Invariants, rng: random.Random) -> str:
+    marker = round(0.6 + 0.0002 * (inv.step % 1000), 4)
+    kind = rng.choice(("static", "typo", "negative"))
+    plugins: dict[str, object] = {"scan_interval": marker}
+    config: dict[str, object] = {"plugins": plugins}
+    if kind == "static":
+        config["kube"] = {"kubeconfig": "/etc/other"}
+    elif kind == "typo":
+        plugins["probe_intervall"] = 1
+    else:
+        plugins["probe_interval"] = -1
+    _put_config(inv, config)
+    inv.model.target, inv.model.marker = "invalid", marker
+    inv.model.invalid_markers.add(marker)
+    return f"NodeAgentConfig {NAC_NAME} invalid ({kind}): {config}"
+
+
+def config_delete(inv: Invariants, rng: random.Random) -> str:
+    status, got = inv.world.admin("DELETE", f"{NAC_PATH}/{NAC_NAME}")
+    if status not in (200, 202):
+        raise ApiDown(f"NodeAgentConfig delete: {status} {got}")
+    inv.model.target = None
+    return f"NodeAgentConfig {NAC_NAME} deleted"
+
+
+def foreign_create(inv: Invariants, rng: random.Random) -> str:
+    """A ResourceSlice of another driver on node-a, not the agent's (no managed-by label)."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": FOREIGN},
+        "spec": {
+            "driver": "foreign.soak.io",
+            "nodeName": "node-a",
+            "pool": {"name": "foreign", "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "f-0"}],
+        },
+    }
+    status, got = inv.world.admin("POST", SLICES_PATH, body)
+    if status != 201:
+        raise ApiDown(f"foreign slice create: {status} {got}")
+    inv.model.foreign_rv = got["metadata"]["resourceVersion"]
+    return f"foreign ResourceSlice {FOREIGN} created"
+
+
+def foreign_delete(inv: Invariants, rng: random.Random) -> str:
+    status, got = inv.world.admin("DELETE", f"{SLICES_PATH}/{FOREIGN}")
+    if status != 200:
+        raise ApiDown(f"foreign slice delete: {status} {got}")
+    inv.model.foreign_rv = None
+    return f"foreign ResourceSlice {FOREIGN} deleted"
+
+
+TABLE = (
+    Event("plugin_kill", 3, lambda inv: bool(_running(inv)), plugin_kill),
+    Event("plugin_start", 4, lambda inv: bool(_stopped(inv)), plugin_start),
+    Event("plugin_upgrade", 2, lambda inv: bool(_running(inv)), plugin_upgrade),
+    Event("plugin_inventory", 4, lambda inv: bool(_running(inv)), plugin_inventory),
+    Event("agent_sigterm", 2, lambda inv: True, agent_sigterm),
+    Event("agent_sigkill", 2, lambda inv: True, agent_sigkill),
+    Event(
+        "agent_kill_during_write",
+        1,
+        lambda inv: any(p.node == "node-a" for p in _running(inv)),
+        agent_kill_during_write,
+    ),
+    Event("watch_cut", 3, lambda inv: True, watch_cut),
+    Event("apiserver_restart", 1, lambda inv: True, apiserver_restart),
+    Event("config_good", 3, lambda inv: True, config_good),
+    Event("config_invalid", 1, lambda inv: True, config_invalid),
+    Event("config_delete", 1, lambda inv: inv.model.target is not None, config_delete),
+    Event("foreign_create", 1, lambda inv: inv.model.foreign_rv is None, foreign_create),
+    Event("foreign_delete", 1, lambda inv: inv.model.foreign_rv is not None, foreign_delete),
+)
+
+
+def draw(inv: Invariants, rng: random.Random) -> Event:
+    """An event from the weighted table that applies now."""
+    while True:
+        event = rng.choices(TABLE, weights=[e.weight for e in TABLE])[0]
+        if event.applies(inv):
+            return event

@@ -1,0 +1,472 @@
+"""The soak's invariants, checked between events, and the model of what the soak did that they
+are checked against.
+
+Two kinds: *always* (checked on every pass: no crash, a quiet pool complete, an invalid config
+never active, no good config rolled back, RSS and open files within their bound) and *converges*
+(after each event, within `SETTLE_BOUND` from the agent's readiness or the event, whichever is
+later: the agent ready and synced, every running plugin's devices published and no slice of a
+plugin stopped past its grace, the foreign pool untouched, the Node condition equal to what the
+agent runs, the config the soak assigned in force). Writes per minute are checked per minute of
+the run. Every violation names the step, the event and the seed (docs/testing/soak.md).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.soak.world import NODES, SLICE_MAX, ApiDown, Plugin, World
+
+# The bounds (docs/testing/soak.md explains each).
+SETTLE_BOUND = 60.0  # seconds for the world to converge after an event
+DISCONNECT_GRACE = 2.0  # resources.disconnect_grace in world.SETTINGS
+STARTUP_GRACE = 3.0  # resources.startup_grace in world.SETTINGS
+CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
+RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
+FD_GROWTH = 32  # open files above an agent's baseline, sustained over five samples
+BASELINE_AFTER = 20.0  # seconds after READY before an agent's baseline sample
+WRITES_BASE = 30  # writes per minute with no event
+WRITES_PER_EVENT = 25  # writes per minute each event of the minute (or the one before) may add
+LOCAL_SCAN = 0.2  # plugins.scan_interval of the local config (world.SETTINGS)
+FOREIGN = "soak-foreign"
+
+
+@dataclass
+class Model:
+    """What the soak did, the expectation the invariants compare against."""
+
+    target: str | None = None  # "good" or "invalid": the NodeAgentConfig for node-a
+    marker: float = LOCAL_SCAN  # its plugins.scan_interval (good and invalid ranges disjoint)
+    invalid_markers: set[float] = field(default_factory=set)
+    # Good configs the soak put at risk of a (legitimate) rollback: node-a SIGKILLed while it
+    # was assigned (a crash during its trial), or stopped cleanly CRASHLOOP_RESTARTS times.
+    at_risk: set[float] = field(default_factory=set)
+    clean_stops: Counter[float] = field(default_factory=Counter)
+    rolled_back: set[float] = field(default_factory=set)
+    foreign_rv: str | None = None  # the foreign slice's resourceVersion while it exists
+
+
+@dataclass
+class Sample:
+    at: float
+    rss: int
+    fds: int
+
+
+@dataclass
+class AgentRecord:
+    """Per agent process: its resource samples and the last write counter seen."""
+
+    samples: list[Sample] = field(default_factory=list)
+    baseline: Sample | None = None
+    writes: float = 0.0
+    rollback_seen: bool = False
+
+
+def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, rest = head.partition("{")
+        labels = {}
+        for part in rest.rstrip("}").split(","):
+            if "=" in part:
+                k, _, v = part.partition("=")
+                labels[k] = v.strip('"')
+        try:
+            out.append((name, labels, float(value)))
+        except ValueError:
+            continue
+    return out
+
+
+def writes_of(metrics_text: str, status: dict[str, Any]) -> float:
+    """Every write the agent sent: slices (and their dry runs), CNR writes, Node Events, and
+    the NodeAgentConfigOK condition patches (/v1/status)."""
+    counted = {
+        "nodeagent_resourceslice_writes_total": lambda labels: True,
+        "nodeagent_resourceslice_dry_runs_total": lambda labels: True,
+        "nodeagent_cnr_writes_total": lambda labels: labels.get("verb") != "none",
+        "nodeagent_node_events_total": lambda labels: (
+            labels.get("result") in ("created", "updated")
+        ),
+    }
+    total = sum(
+        value
+        for name, labels, value in parse_metrics(metrics_text)
+        if name in counted and counted[name](labels)
+    )
+    dyn = status.get("dynconfig") or {}
+    return total + float(dyn.get("condition_writes") or 0)
+
+
+def pool_problems(slices: list[dict[str, Any]]) -> list[str]:
+    """Pools that are not complete: slices of more than one generation, a count that is not
+    resourceSliceCount, a device in two slices."""
+    pools: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for s in slices:
+        spec = s["spec"]
+        key = (spec.get("nodeName", ""), spec["driver"], spec["pool"]["name"])
+        pools.setdefault(key, []).append(spec)
+    problems = []
+    for (node, driver, pool), specs in sorted(pools.items()):
+        gens = sorted({s["pool"]["generation"] for s in specs})
+        counts = sorted({s["pool"]["resourceSliceCount"] for s in specs})
+        names = [d["name"] for s in specs for d in s.get("devices", [])]
+        if len(gens) > 1 or counts != [len(specs)] or len(names) != len(set(names)):
+            problems.append(
+                f"{node}/{driver}/{pool}: {len(specs)} slices, generations {gens}, "
+                f"resourceSliceCount {counts}, {len(names) - len(set(names))} duplicate devices"
+            )
+    return problems
+
+
+def published(slices: list[dict[str, Any]], node: str, driver: str) -> list[dict[str, Any]]:
+    return [
+        s["spec"]
+        for s in slices
+        if s["spec"].get("nodeName") == node
+        and s["spec"]["driver"] == driver
+        and s["metadata"].get("name") != FOREIGN
+    ]
+
+
+def plugin_difference(plugin: Plugin, specs: list[dict[str, Any]]) -> str | None:
+    """Why the cluster's pool of a running plugin is not its inventory (None: it is)."""
+    want = {d["name"]: d["attributes"]["model"] for d in plugin.devices}
+    got: dict[str, Any] = {}
+    for spec in specs:
+        for d in spec.get("devices", []):
+            got[d["name"]] = (d.get("attributes") or {}).get("model", {}).get("string")
+    n_slices = (len(want) + SLICE_MAX - 1) // SLICE_MAX
+    if got != want or len(specs) != n_slices:
+        tags = sorted({str(v) for v in got.values()})
+        wanted = plugin.devices[0]["attributes"]["model"] if plugin.devices else "-"
+        return (
+            f"{plugin.node}/{plugin.driver}: {len(got)} devices in {len(specs)} slices "
+            f"(models {tags}), want {len(want)} in {n_slices} (model {wanted})"
+        )
+    return None
+
+
+class Invariants:
+    """Checks the world against the model; prints and keeps every violation."""
+
+    def __init__(self, world: World, model: Model, seed: int, out: Callable[[str], None]) -> None:
+        self.world = world
+        self.model = model
+        self.seed = seed
+        self.out = out
+        self.step = 0
+        self.event = "start"
+        self.checks: Counter[str] = Counter()
+        self.violations: list[str] = []
+        self.records: dict[int, AgentRecord] = {}  # by agent run
+        self.write_log: list[tuple[float, float]] = []  # (monotonic, writes since the last)
+        self.event_times: list[float] = []
+        self.started = time.monotonic()
+        self.last_sample = 0.0
+        self._reported: set[str] = set()
+
+    # -- reporting ---------------------------------------------------------------------
+
+    def violation(self, invariant: str, detail: str, *, once: str | None = None) -> None:
+        if once is not None:
+            if once in self._reported:
+                return
+            self._reported.add(once)
+        line = (
+            f"VIOLATION step {self.step} ({self.event}), replay with --seed {self.seed}: "
+            f"{invariant}: {detail}"
+        )
+        self.violations.append(line)
+        self.out(line)
+
+    def at_event(self, step: int, event: str) -> None:
+        self.step, self.event = step, event
+        self.event_times.append(time.monotonic())
+
+    # -- always ------------------------------------------------------------------------
+
+    def always(self) -> None:
+        """One pass of the invariants that hold at every moment."""
+        for node in NODES:
+            agent = self.world.agents[node]
+            self.checks["no crash"] += 1
+            if not agent.alive() and not agent.expected_exit:
+                code = agent.proc.returncode
+                self.violation(
+                    "no crash",
+                    f"agent {node} (run {agent.run}) exited {code} unasked; log tail:\n"
+                    f"{agent.log_tail()}",
+                )
+                agent.expected_exit = True
+                try:
+                    self.world.start_agent(node)
+                except Exception as exc:  # the convergence check reports it not running
+                    self.violation("no crash", f"agent {node} did not start again: {exc}")
+                continue
+            if not agent.alive() or agent.ready_at is None:
+                continue
+            try:
+                self._resources(agent.run, agent.proc.pid, agent.ready_at)
+                self._writes(node)
+                self._quiet_pools(node)
+                if node == "node-a":
+                    self._config_a()
+            except (ApiDown, OSError, RuntimeError, ValueError, KeyError):
+                continue  # the apiserver or the agent restarting: not observable now
+
+    def _resources(self, run: int, pid: int, ready_at: float) -> None:
+        now = time.monotonic()
+        rec = self.records.setdefault(run, AgentRecord())
+        if rec.samples and now - rec.samples[-1].at < 2.0:
+            return
+        with open(f"/proc/{pid}/status") as f:
+            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+        rec.samples.append(Sample(now, rss, fds))
+        if rec.baseline is None:
+            if now - ready_at >= BASELINE_AFTER:
+                rec.baseline = rec.samples[-1]
+            return
+        last = rec.samples[-5:]
+        self.checks["rss and open files flat"] += 1
+        if len(last) == 5 and min(s.rss for s in last) > rec.baseline.rss + RSS_GROWTH:
+            self.violation(
+                "rss flat",
+                f"agent run {run}: RSS {last[-1].rss >> 20} MiB, baseline "
+                f"{rec.baseline.rss >> 20} MiB (bound +{RSS_GROWTH >> 20} MiB)",
+                once=f"rss-{run}",
+            )
+        if len(last) == 5 and min(s.fds for s in last) > rec.baseline.fds + FD_GROWTH:
+            self.violation(
+                "open files flat",
+                f"agent run {run}: {last[-1].fds} open files, baseline {rec.baseline.fds} "
+                f"(bound +{FD_GROWTH})",
+                once=f"fds-{run}",
+            )
+
+    def _writes(self, node: str) -> None:
+        agent = self.world.agents[node]
+        rec = self.records.setdefault(agent.run, AgentRecord())
+        status, text = agent.get("/metrics")
+        if status != 200:
+            return
+        total = writes_of(text, agent.doc("/v1/status"))
+        if total > rec.writes:
+            self.write_log.append((time.monotonic(), total - rec.writes))
+            rec.writes = total
+
+    def _quiet_pools(self, node: str) -> None:
+        """Outside the agent's own write windows (it says it is synced with nothing pending,
+        before and after the read, and its write counter did not move) every pool in the
+        cluster is complete."""
+        agent = self.world.agents[node]
+
+        def quiet() -> tuple[bool, float]:
+            sync = agent.doc("/v1/resourceslices").get("sync") or {}
+            status, text = agent.get("/metrics")
+            writes = sum(
+                v
+                for n, _, v in parse_metrics(text)
+                if n in ("nodeagent_resourceslice_writes_total",)
+            )
+            return bool(sync.get("synced")) and not sync.get(
+                "pending_pools"
+            ) and status == 200, writes
+
+        before, w1 = quiet()
+        if not before:
+            return
+        slices = self.world.slices()
+        after, w2 = quiet()
+        if not after or w1 != w2:
+            return
+        self.checks["a quiet pool is complete"] += 1
+        mine = [s for s in slices if s["spec"].get("nodeName") == node]
+        for problem in pool_problems(mine):
+            self.violation("a quiet pool is complete", problem, once=f"pool-{problem}")
+        if node == "node-a":
+            self._foreign(slices)
+
+    def _foreign(self, slices: list[dict[str, Any]]) -> None:
+        self.checks["foreign slice untouched"] += 1
+        found = [s for s in slices if s["metadata"]["name"] == FOREIGN]
+        rv = found[0]["metadata"]["resourceVersion"] if found else None
+        if rv != self.model.foreign_rv:
+            self.violation(
+                "foreign slice untouched",
+                f"{FOREIGN} resourceVersion {rv}, the soak left it at {self.model.foreign_rv}",
+                once=f"foreign-{rv}-{self.model.foreign_rv}",
+            )
+
+    def _config_a(self) -> None:
+        """An invalid config never active; a good config rolled back only when the soak put
+        it at risk (SIGKILL while assigned: a crash during its trial; or
+        CRASHLOOP_RESTARTS clean stops)."""
+        agent = self.world.agents["node-a"]
+        doc = agent.doc("/v1/config")
+        scan = doc["effective"]["plugins"]["scan_interval"]
+        dyn = doc["dynamic"] or {}
+        self.checks["an invalid config never active"] += 1
+        if scan in self.model.invalid_markers:
+            self.violation(
+                "an invalid config never active",
+                f"effective plugins.scan_interval {scan} is an invalid config's "
+                f"({dyn.get('message')})",
+                once=f"invalid-{scan}-{agent.run}",
+            )
+        self.checks["a good config is never rolled back"] += 1
+        rec = self.records.setdefault(agent.run, AgentRecord())
+        rolled = (
+            dyn.get("reason") == "RolledBack" or (dyn.get("boot") or {}).get("source") == "rollback"
+        )
+        if rolled and not rec.rollback_seen:
+            rec.rollback_seen = True
+            m = self.model.marker
+            if self.model.target == "good":
+                self.model.rolled_back.add(m)
+            allowed = self.model.target == "good" and m in self.model.at_risk
+            if allowed:
+                self.out(
+                    f"note: step {self.step}: config {m} rolled back after the soak killed the "
+                    f"agent during its trial (allowed): {dyn.get('message')}"
+                )
+            else:
+                self.violation(
+                    "a good config is never rolled back",
+                    f"agent run {agent.run}: {dyn.get('reason')}: {dyn.get('message')} "
+                    f"(boot: {dyn.get('boot')}); the soak did not kill it during a trial",
+                )
+
+    # -- converges ---------------------------------------------------------------------
+
+    def difference(self) -> list[str]:
+        """What differs from the converged state now (empty: converged)."""
+        world, model = self.world, self.model
+        out: list[str] = []
+        slices = world.slices()
+        now = time.monotonic()
+        for node in NODES:
+            agent = world.agents[node]
+            if not agent.alive() or agent.ready_at is None:
+                out.append(f"agent {node} not running")
+                continue
+            status, body = agent.get("/readyz")
+            if status != 200:
+                out.append(f"agent {node} not ready: {body.strip()[:300]}")
+            sync = agent.doc("/v1/resourceslices").get("sync") or {}
+            if not sync.get("synced") or sync.get("pending_pools"):
+                out.append(f"agent {node} not synced: {sync}")
+            for plugin in world.plugins:
+                if plugin.node != node:
+                    continue
+                specs = published(slices, node, plugin.driver)
+                if plugin.running:
+                    diff = plugin_difference(plugin, specs)
+                    if diff:
+                        out.append(diff)
+                elif specs:
+                    stopped = now - (plugin.stopped_at or now)
+                    out.append(
+                        f"{node}/{plugin.driver}: stopped {stopped:.0f} s ago "
+                        f"(grace {DISCONNECT_GRACE:g} s), {len(specs)} slices still published"
+                    )
+            doc = agent.doc("/v1/config")
+            dyn = doc["dynamic"] or {}
+            cond = world.condition(node)
+            mine = (dyn.get("reason"), dyn.get("message"))
+            theirs = (cond or {}).get("reason"), (cond or {}).get("message")
+            if mine != theirs:
+                out.append(f"{node}: the Node condition says {theirs}, the agent runs {mine}")
+            scan = doc["effective"]["plugins"]["scan_interval"]
+            if node == "node-b" or model.target is None:
+                want = "Local"
+                if scan != LOCAL_SCAN or dyn.get("reason") != want:
+                    out.append(f"{node}: runs scan_interval {scan} ({mine}), want the local config")
+            elif model.target == "invalid":
+                if dyn.get("reason") != "ConfigInvalid":
+                    out.append(f"{node}: {mine}, want ConfigInvalid")
+            elif model.marker in model.rolled_back:
+                if scan == model.marker:
+                    out.append(f"{node}: runs the rolled-back config {scan} ({mine})")
+            elif scan != model.marker or dyn.get("reason") not in ("OnTrial", "Active"):
+                out.append(f"{node}: runs scan_interval {scan} ({mine}), want {model.marker}")
+        return out
+
+    def settle(self, since: float) -> float | None:
+        """Check continuously until converged; a violation if not within SETTLE_BOUND of
+        ``since`` (or of an agent's readiness, if later). Returns how long it took."""
+        last: list[str] = ["(not looked yet)"]
+        while True:
+            self.always()
+            start = max([since, *(a.ready_at or since for a in self.world.agents.values())])
+            try:
+                last = self.difference()
+            except (ApiDown, OSError, RuntimeError, ValueError, KeyError) as exc:
+                last = [f"not observable: {exc}"]
+            if not last:
+                self.checks["converges within the bound"] += 1
+                return time.monotonic() - since
+            if time.monotonic() - start > SETTLE_BOUND:
+                self.checks["converges within the bound"] += 1
+                self.violation(
+                    "converges within the bound",
+                    f"not converged {SETTLE_BOUND:g} s after the event: " + "; ".join(last),
+                )
+                return None
+            time.sleep(0.5)
+
+    def watch(self, seconds: float) -> None:
+        """Continuous checks for ``seconds`` (the quiet time between two events)."""
+        end = time.monotonic() + seconds
+        while True:
+            self.always()
+            if time.monotonic() >= end:
+                return
+            time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+
+    # -- at the end --------------------------------------------------------------------
+
+    def writes_per_minute(self) -> list[tuple[int, int, int]]:
+        """(minute, writes, events) per whole minute of the run; a violation for a minute
+        over WRITES_BASE + WRITES_PER_EVENT x (events of the minute and the one before)."""
+        rows = []
+        end = time.monotonic()
+        minute = 0
+        while self.started + 60 * (minute + 1) <= end:
+            lo, hi = self.started + 60 * minute, self.started + 60 * (minute + 1)
+            writes = int(sum(n for t, n in self.write_log if lo <= t < hi))
+            events = sum(1 for t in self.event_times if lo - 60 <= t < hi)
+            rows.append((minute, writes, events))
+            self.checks["writes per minute"] += 1
+            bound = WRITES_BASE + WRITES_PER_EVENT * events
+            if writes > bound:
+                self.step, self.event = -1, f"minute {minute} of the run"
+                self.violation(
+                    "writes per minute",
+                    f"{writes} writes in minute {minute}, bound {bound} ({events} events)",
+                )
+            minute += 1
+        return rows
+
+
+def stop_agent(inv: Invariants, node: str, signum: int) -> None:
+    """Stop an agent as an event does; a SIGTERM must be a clean stop (exit 0)."""
+    agent = inv.world.agents[node]
+    code = agent.stop(signum)
+    if signum == signal.SIGTERM:
+        inv.checks["a SIGTERM is a clean stop"] += 1
+        if code != 0:
+            inv.violation(
+                "a SIGTERM is a clean stop",
+                f"agent {node} run {agent.run} exited {code}; log tail:\n{agent.log_tail()}",
+            )

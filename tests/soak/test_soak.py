@@ -1,0 +1,90 @@
+"""The soak in the normal suite: a short seeded run (NODEAGENT_SOAK_SECONDS, default 120) on the
+real apiserver with zero invariant violations; and the invariants' own checks fed broken input,
+so none of them is one that cannot fail."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from tests.soak.invariants import (
+    FOREIGN,
+    Invariants,
+    Model,
+    plugin_difference,
+    pool_problems,
+    published,
+    writes_of,
+)
+from tests.soak.runner import run
+from tests.soak.world import Plugin, inventory
+
+SEED = 29  # fixed: the suite's verdict is the code's, not the draw's
+
+
+def _slice(name: str, gen: int, count: int, devices: list[str], driver: str = "d") -> Any:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "driver": driver,
+            "nodeName": "node-a",
+            "pool": {"name": "node-a", "generation": gen, "resourceSliceCount": count},
+            "devices": [{"name": d, "attributes": {"model": {"string": "t"}}} for d in devices],
+        },
+    }
+
+
+def test_an_incomplete_pool_is_seen() -> None:
+    complete = [_slice("a", 2, 2, ["x"]), _slice("b", 2, 2, ["y"])]
+    assert pool_problems(complete) == []
+    assert pool_problems([_slice("a", 2, 2, ["x"])])  # one of two slices
+    assert pool_problems([_slice("a", 1, 1, ["x"]), _slice("b", 2, 1, ["y"])])  # two generations
+    assert pool_problems([_slice("a", 2, 2, ["x"]), _slice("b", 2, 2, ["x"])])  # a device twice
+
+
+def test_a_plugin_not_published_is_seen(tmp_path: Path) -> None:
+    plugin = Plugin("node-a", "d", "/nonexistent", tmp_path / "inv.json")
+    plugin.set_inventory(inventory(2, "t"))
+    published_ok = [_slice("a", 1, 1, ["dev-0", "dev-1"])]
+    slices = [*published_ok, _slice(FOREIGN, 1, 1, ["f"])]
+    assert plugin_difference(plugin, published(slices, "node-a", "d")) is None
+    assert plugin_difference(plugin, published([_slice("a", 1, 1, ["dev-0"])], "node-a", "d"))
+    plugin.set_inventory(inventory(2, "u"))  # same names, another model: not yet published
+    assert plugin_difference(plugin, published(slices, "node-a", "d"))
+
+
+def test_writes_are_counted_from_the_metrics() -> None:
+    text = "\n".join(
+        [
+            "# TYPE nodeagent_resourceslice_writes_total counter",
+            'nodeagent_resourceslice_writes_total{verb="create",result="ok"} 3',
+            'nodeagent_resourceslice_dry_runs_total{result="ok"} 1',
+            'nodeagent_cnr_writes_total{verb="none",result="ok"} 7',
+            'nodeagent_cnr_writes_total{verb="apply",result="ok"} 2',
+            'nodeagent_node_events_total{result="created"} 1',
+            'nodeagent_node_events_total{result="dropped"} 5',
+            'nodeagent_watch_events_total{resource="nodes"} 100',
+        ]
+    )
+    assert writes_of(text, {"dynconfig": {"condition_writes": 4}}) == 3 + 1 + 2 + 1 + 4
+
+
+def test_writes_over_the_bound_are_a_violation() -> None:
+    lines: list[str] = []
+    inv = Invariants(None, Model(), 7, lines.append)  # type: ignore[arg-type]  # no world read
+    inv.started -= 61
+    inv.write_log.append((inv.started + 1, 10_000))
+    rows = inv.writes_per_minute()
+    assert rows == [(0, 10_000, 0)]
+    assert len(inv.violations) == 1 and "--seed 7" in lines[0], lines
+
+
+def test_seeded_soak(tmp_path: Path) -> None:
+    seconds = float(os.environ.get("NODEAGENT_SOAK_SECONDS", "120"))
+    lines: list[str] = []
+    summary = run(SEED, seconds, tmp_path / "soak", out=lines.append)
+    print("\n".join(lines))
+    assert sum(summary.events.values()) > 0, lines
+    assert summary.checks["converges within the bound"] >= sum(summary.events.values()) // 2
+    assert not summary.violations, "\n".join(lines)
