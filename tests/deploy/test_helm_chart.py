@@ -27,12 +27,14 @@ import nodeagent
 from tests.deploy.manifests import CHART_RELEASE, CHART_VALUES, KUBERNETES_DIR, PLAIN
 from tests.deploy.test_deploy_schemas import harness_version
 from tests.support.crds import REPO_ROOT, load_manifest
-from tests.support.helm import CHART, helm, helm_binary, template
+from tests.support.helm import CHART, IMAGE_VALUES, helm, helm_binary, template
 
 VALUES = {"default": [], "full": [CHART_VALUES]}
 MONITORING_GROUP = "monitoring.coreos.com"
 # What `helm template` adds to the plain manifests' objects (the Namespace comes from the values).
 HELM_LABELS = ("app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart")
+# The required image.repository, for the helm commands run here directly (template() has it).
+IMAGE = ["--values", str(IMAGE_VALUES)]
 
 
 def _full_values() -> dict[str, Any]:
@@ -78,7 +80,7 @@ def test_the_chart_is_the_package_version() -> None:
 
 @pytest.mark.parametrize("which", VALUES)
 def test_lint_strict(which: str) -> None:
-    args = ["lint", "--strict", str(CHART)]
+    args = ["lint", "--strict", str(CHART), *IMAGE]
     for path in VALUES[which]:
         args += ["--values", str(path)]
     answer = helm(*args, check=False)
@@ -93,7 +95,7 @@ def test_lint_strict_fails_on_a_broken_template(tmp_path: pathlib.Path) -> None:
     subprocess.run(["cp", "-r", str(CHART), str(broken)], check=True)
     path = broken / "templates" / "serviceaccount.yaml"
     path.write_text(path.read_text().replace("kind: ServiceAccount", "kind: [ServiceAccount"))
-    answer = helm("lint", "--strict", str(broken), check=False)
+    answer = helm("lint", "--strict", str(broken), *IMAGE, check=False)
     assert answer.returncode != 0
     assert "serviceaccount.yaml" in answer.stdout + answer.stderr
 
@@ -129,7 +131,7 @@ def test_the_oldest_kubernetes_the_chart_accepts_is_the_oldest_it_is_valid_for()
         except kubernetes_validate.SchemaNotFoundError:  # no such apiVersion in 1.29
             refused.add(doc["kind"])
     assert refused == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
-    args = ["template", "x", str(CHART), "--kube-version", "1.29.9"]
+    args = ["template", "x", str(CHART), *IMAGE, "--kube-version", "1.29.9"]
     answer = helm(*args, check=False)
     assert answer.returncode != 0
     assert "requires kubeVersion: >=1.30.0-0" in answer.stderr, answer.stderr
@@ -310,7 +312,7 @@ def test_a_null_config_value_is_refused(tmp_path: pathlib.Path, checked: bool) -
     # By the agent's schema, and without it by the chart's TOML writer (TOML has no null).
     values = tmp_path / "null.yaml"
     values.write_text("config:\n  agent:\n    log_level: null\n")
-    args = ["template", "x", str(CHART), "--values", str(values)]
+    args = ["template", "x", str(CHART), *IMAGE, "--values", str(values)]
     answer = helm(*args, *([] if checked else ["--skip-schema-validation"]), check=False)
     assert answer.returncode != 0
     named = "/config/agent/log_level" if checked else "config.agent.log_level: TOML has no null"
@@ -344,13 +346,31 @@ def test_a_null_config_value_is_refused(tmp_path: pathlib.Path, checked: bool) -
     ],
 )
 def test_a_bad_value_is_refused_naming_it(assignment: str, named: str) -> None:
-    answer = helm("template", "x", str(CHART), "--set", assignment, check=False)
+    answer = helm("template", "x", str(CHART), *IMAGE, "--set", assignment, check=False)
     assert answer.returncode != 0
     assert named in answer.stderr, answer.stderr
 
 
+def test_the_image_repository_is_required_with_a_clear_message() -> None:
+    """No default image: `nodeagent:<version>` resolved to a public registry where no such image
+    exists and the pods stalled pulling it (issue 29 item 17). The message says what to set and
+    where the image comes from; a chart without the DaemonSet needs no image."""
+    answer = helm("template", "x", str(CHART), check=False)
+    assert answer.returncode != 0
+    assert "image.repository is required" in answer.stderr, answer.stderr
+    for hint in ("deploy/image/build.sh", "ctr -n k8s.io images import", "container-image.md"):
+        assert hint in answer.stderr, answer.stderr
+    args = ["--set", "daemonset.enabled=false", "--set", "nodeCredentialsAccess.enabled=true"]
+    assert helm("template", "x", str(CHART), *args, check=False).returncode == 0
+    daemonset = _only(
+        template(sets=["image.repository=registry.example.com/nodeagent"]), "DaemonSet"
+    )
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"registry.example.com/nodeagent:{nodeagent.__version__}"
+
+
 def test_watch_registry_without_the_mounts_is_refused_past_the_schema() -> None:
-    args = ["template", "x", str(CHART), "--skip-schema-validation"]
+    args = ["template", "x", str(CHART), *IMAGE, "--skip-schema-validation"]
     answer = helm(*args, "--set", "daemonset.kubeletPlugins.watchRegistry=true", check=False)
     assert answer.returncode != 0
     assert "daemonset.kubeletPlugins.watchRegistry: needs" in answer.stderr, answer.stderr
@@ -422,7 +442,7 @@ def test_watch_registry_keeps_registry_dir_out_of_config(tmp_path: pathlib.Path)
         "daemonset: {kubeletPlugins: {enabled: true, watchRegistry: true}}\n"
         "config: {plugins: {registry_dir: /var/lib/kubelet/plugins_registry}}\n"
     )
-    answer = helm("template", "x", str(CHART), "--values", str(values), check=False)
+    answer = helm("template", "x", str(CHART), *IMAGE, "--values", str(values), check=False)
     assert answer.returncode != 0
     assert "config.plugins.registry_dir: set by the chart" in answer.stderr, answer.stderr
     values.write_text(

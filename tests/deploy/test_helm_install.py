@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 
+import nodeagent
 from nodeagent.kube import ClusterConfig, KubeClient
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import REPO_ROOT
@@ -99,6 +100,8 @@ async def test_the_documented_commands_install_and_upgrade(
         await _get(admin, "apiextensions.k8s.io/v1", "CustomResourceDefinition", crd, None)
     daemonset = await _get(admin, "apps/v1", "DaemonSet", "nodeagent", "nodeagent")
     assert daemonset["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+    # The image the page says to build and load on the nodes, by the name it carries.
+    assert _image(daemonset) == f"docker.io/library/nodeagent:{nodeagent.__version__}"
     before = daemonset["spec"]["template"]["metadata"].get("annotations", {})
     assert "checksum/config" not in before
     for name in ("resourceslices-own-node-sa", "cnr-own-node-sa", "node-status-own-condition-sa"):
@@ -121,3 +124,10 @@ async def test_the_documented_commands_install_and_upgrade(
     assert "checksum/config" in spec["metadata"]["annotations"]
     assert spec["spec"]["nodeSelector"] == {"kubernetes.io/os": "linux"}
     assert "--config=/etc/nodeagent/config.toml" in spec["spec"]["containers"][0]["args"]
+    assert _image(daemonset) == f"docker.io/library/nodeagent:{nodeagent.__version__}"
+
+
+def _image(daemonset: dict[str, Any]) -> str:
+    (container,) = daemonset["spec"]["template"]["spec"]["containers"]
+    image: str = container["image"]
+    return image

@@ -21,6 +21,7 @@ from tests.support.gobuild import GoBinary
 
 __all__ = [
     "CHART",
+    "IMAGE_VALUES",
     "PROMETHEUS_OPERATOR",
     "HelmError",
     "helm",
@@ -36,6 +37,11 @@ BUILD_SH = REPO_ROOT / "tests" / "helm" / "build.sh"
 # the chart's monitoring objects are applied against.
 PROMETHEUS_OPERATOR = "v0.85.0"
 _MODULE = "github.com/prometheus-operator/prometheus-operator"
+
+
+# The chart requires image.repository: the tests render it with the plain manifests' image
+# (scripts/render-manifests), a values file before theirs so that theirs win.
+IMAGE_VALUES = pathlib.Path(__file__).with_name("helm-image-values.yaml")
 
 
 class HelmError(RuntimeError):
@@ -91,7 +97,7 @@ def template(
     """`helm template` of the chart: its objects, in helm's install order. ``skip_schema``: without
     values.schema.json's checks (to render values the agent's schema refuses)."""
     args = ["template", release, str(CHART), "--namespace", namespace]
-    for path in values:
+    for path in [IMAGE_VALUES, *values]:
         args += ["--values", str(path)]
     for assignment in sets:
         args += ["--set", assignment]
