@@ -79,12 +79,19 @@ class WatchOptions:
     list (a watch with ``sendInitialEvents=true``, complete at the ``k8s.io/initial-events-end``
     bookmark); "auto" streams and falls back to LIST, for the rest of that watch's life, when
     the server refuses it as unsupported (400, 404, 405, 422).
+    ``max_event_bytes``: the most one event may decode to (a larger one fails the watch, which
+    relists; None: unbounded).
+    ``reconnect_spread``: a watch that was delivering and then broke (not the server's timely
+    close) waits a random 0..this many seconds before its first reconnect, so that the watches
+    of many agents an apiserver restart broke together do not come back together.
     """
 
     inactivity_timeout: float = 70.0
     server_timeout: tuple[float, float] = (240.0, 300.0)
     backoff: tuple[float, float] = (0.5, 30.0)
     streaming_list: Literal["auto", "on", "off"] = "off"
+    max_event_bytes: int | None = None
+    reconnect_spread: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +181,8 @@ class KubeClient:
     this long before they expire. ``transport``: a `Transport` to send through (the other
     transport parameters are then its own), or an httpx transport to use instead of real
     connections (tests). ``dry_run``: send every write with ``dryRun=All`` and record it
-    there (`nodeagent.kube.dryrun`).
+    there (`nodeagent.kube.dryrun`). ``max_response_bytes``: the most a response body may
+    decode to (`errors.BodyTooLarge` past it; None: unbounded).
     """
 
     def __init__(
@@ -195,6 +203,7 @@ class KubeClient:
         rng: random.Random | None = None,
         transport: Transport | httpx.AsyncBaseTransport | None = None,
         dry_run: DryRun | None = None,
+        max_response_bytes: int | None = None,
     ) -> None:
         if isinstance(transport, Transport):
             self.transport = transport
@@ -212,6 +221,7 @@ class KubeClient:
                 exec_skew=exec_skew,
                 rng=rng or random.Random(),
                 transport=transport,
+                max_response_bytes=max_response_bytes,
             )
         # Every write goes with dryRun=All and is recorded there (None: writes are real).
         self.dry_run = dry_run

@@ -109,6 +109,16 @@ class DecodeError(BadResponse):
     dropped: the request fails, a watch relists (`nodeagent.kube.encoding`)."""
 
 
+class BodyTooLarge(DecodeError):
+    """A body that decoded past a limit: ``limit`` is "response" (a whole response past
+    ``kube.max_response_bytes``) or "event" (one watch event past ``kube.max_event_bytes``).
+    Not retried as a request: the same answer would decode as large again."""
+
+    def __init__(self, message: str, *, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 _BY_REASON: dict[str, type[ApiError]] = {
     "NotFound": NotFound,
     "AlreadyExists": AlreadyExists,

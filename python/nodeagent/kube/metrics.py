@@ -28,7 +28,8 @@ API_RETRIES = Counter(
 WATCH_RESTARTS = Counter(
     "nodeagent_watch_restarts_total",
     "Watch connections restarted, by resource and reason "
-    "(closed, inactivity, broken, gone, forbidden, error, http_error, connect, decode_error).",
+    "(closed, inactivity, broken, gone, forbidden, error, http_error, connect, decode_error, "
+    "too_large).",
     ["resource", "reason"],
 )
 WATCH_EVENTS = Counter(
@@ -41,6 +42,13 @@ WATCH_DECODE_ERRORS = Counter(
     "Watch bodies (streaming lists included) that held bytes the client could not decode (a "
     "gzip member cut short, not gzip, an encoding it did not ask for); each one relists.",
     ["resource"],
+)
+BODIES_TOO_LARGE = Counter(
+    "nodeagent_api_bodies_too_large_total",
+    "Kubernetes API bodies refused while decoding because they grew past a limit, by resource "
+    "and limit: response (a whole response past kube.max_response_bytes: the request fails, not "
+    "retried) or event (one watch event past kube.max_event_bytes: the watch relists).",
+    ["resource", "limit"],
 )
 WATCH_RELISTS = Counter(
     "nodeagent_watch_relists_total",

@@ -9,7 +9,14 @@ from typing import Annotated, Literal
 import msgspec
 
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.rules import AtLeastOne, check_constraints, check_seconds, finite
+from nodeagent.core.rules import (
+    RULE,
+    AtLeastOne,
+    check_constraints,
+    check_seconds,
+    count,
+    finite,
+)
 from nodeagent.kube.client import KubeClient, WatchOptions
 from nodeagent.kube.dryrun import DryRun
 from nodeagent.kube.kubeconfig import (
@@ -42,6 +49,18 @@ class KubeSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # apiserver's WatchList) and falls back to a paged LIST if the server refuses it; "on"
     # always streams (a refusal is a failed list, retried); "off" always pages with LIST.
     streaming_list: Literal["auto", "on", "off"] = "auto"
+    # The most a response body may decode to (gzip: 127 KiB on the wire can be 128 MiB), and one
+    # watch event: past either, the request fails (a watch relists) instead of growing.
+    max_response_bytes: Annotated[int, count(ge=1 << 20, rule="must be >= 1048576 (1 MiB)")] = (
+        64 << 20
+    )
+    max_event_bytes: Annotated[int, count(ge=1 << 20, rule="must be >= 1048576 (1 MiB)")] = 16 << 20
+    # A watch that broke (an apiserver restart breaks every agent's at once) first reconnects
+    # after a random 0..this many seconds, so the agents do not come back all together.
+    # At most a minute: longer would leave a watch closed that long after a mere network blip.
+    watch_reconnect_spread: Annotated[
+        float, msgspec.Meta(ge=0, le=60, extra={RULE: "must be in 0..60 (seconds)"})
+    ] = 5.0
 
     def validate(self) -> None:
         if self.kubeconfig is not None and not self.kubeconfig:
@@ -88,7 +107,10 @@ def load_client(
         watch=WatchOptions(
             inactivity_timeout=settings.watch_inactivity_timeout,
             streaming_list=settings.streaming_list,
+            max_event_bytes=settings.max_event_bytes,
+            reconnect_spread=settings.watch_reconnect_spread,
         ),
         max_attempts=settings.max_attempts,
+        max_response_bytes=settings.max_response_bytes,
         dry_run=dry_run,
     )

@@ -23,6 +23,7 @@ from nodeagent.kube.metrics import (
     API_REQUESTS,
     API_RETRIES,
     AUTH_REFRESHES,
+    BODIES_TOO_LARGE,
     RATE_LIMIT_WAIT,
 )
 from nodeagent.kube.ratelimit import TokenBucket
@@ -63,8 +64,11 @@ class Transport:
         exec_skew: float,
         rng: random.Random,
         transport: httpx.AsyncBaseTransport | None,
+        max_response_bytes: int | None = None,
     ) -> None:
         self.config = config
+        # The most a response body may decode to (kube.max_response_bytes; None: unbounded).
+        self.max_response_bytes = max_response_bytes
         self._transport = transport  # tests inject faults here; None: real connections
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -182,7 +186,7 @@ class Transport:
                 )
                 resp = await http.client.send(request, stream=True)
                 try:
-                    data = await read_body(resp)
+                    data = await read_body(resp, max_bytes=self.max_response_bytes)
                 finally:
                     with trio.CancelScope(shield=True):
                         await resp.aclose()
@@ -194,6 +198,11 @@ class Transport:
         except httpx.TransportError as exc:
             API_REQUESTS.labels(verb, resource, "error").inc()
             raise _transport_error(method, path, exc) from exc
+        except errors.BodyTooLarge as exc:
+            API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
+            BODIES_TOO_LARGE.labels(resource, exc.limit).inc()
+            log.error("response body too large", verb=verb, path=path, error=exc.message)
+            raise errors.BodyTooLarge(f"{method} {path}: {exc.message}", limit=exc.limit) from None
         except errors.DecodeError as exc:
             API_REQUESTS.labels(verb, resource, str(resp.status_code)).inc()
             log.error("response body not decodable", verb=verb, path=path, error=str(exc))
@@ -247,6 +256,8 @@ class Transport:
                 log.debug("retrying", verb=verb, path=path, error=exc.message, delay=delay)
                 await trio.sleep(delay)
                 continue
+            except errors.BodyTooLarge:
+                raise  # the same answer would decode as large again
             except errors.DecodeError:
                 # The answer came but could not be read whole: like a broken connection.
                 if not idempotent or attempt >= self.max_attempts:
@@ -320,7 +331,7 @@ class Transport:
                 try:
                     if resp.status_code >= 400:
                         try:
-                            data = await read_body(resp)
+                            data = await read_body(resp, max_bytes=self.max_response_bytes)
                         except httpx.TransportError as exc:
                             raise _transport_error("GET", path, exc) from exc
                         err = errors.error_from_response(resp.status_code, data, resp.headers)
@@ -342,20 +353,26 @@ class Transport:
                 await self._release(http)
 
 
-def body_stream(resp: httpx.Response) -> tuple[BodyDecoder, AsyncIterator[bytes]]:
-    """A response's body as received and the decoder for it: the raw bytes of a streamed
-    response go through `BodyDecoder`, never through httpx's decoders."""
+def body_stream(
+    resp: httpx.Response, *, max_bytes: int | None = None, max_line: int | None = None
+) -> tuple[BodyDecoder, AsyncIterator[bytes]]:
+    """A response's body as received and the decoder for it (with its limits: see
+    `BodyDecoder`): the raw bytes of a streamed response go through `BodyDecoder`, never
+    through httpx's decoders."""
     if resp.is_stream_consumed:
         # Built in memory (a mock transport's answer): httpx read and decoded it already.
-        return BodyDecoder(None), resp.aiter_bytes()
-    return BodyDecoder(resp.headers.get("content-encoding")), resp.aiter_raw()
+        return BodyDecoder(None, max_bytes=max_bytes, max_line=max_line), resp.aiter_bytes()
+    decoder = BodyDecoder(
+        resp.headers.get("content-encoding"), max_bytes=max_bytes, max_line=max_line
+    )
+    return decoder, resp.aiter_raw()
 
 
-async def read_body(resp: httpx.Response) -> bytes:
+async def read_body(resp: httpx.Response, *, max_bytes: int | None = None) -> bytes:
     """A (streamed) response's whole body, decoded by `BodyDecoder` (`DecodeError` if any of
-    it could not be)."""
-    decoder, chunks = body_stream(resp)
-    parts = [decoder.decode(raw) async for raw in chunks]
+    it could not be, `BodyTooLarge` past ``max_bytes``)."""
+    decoder, chunks = body_stream(resp, max_bytes=max_bytes)
+    parts = [piece async for raw in chunks for piece in decoder.pieces(raw)]
     decoder.finish()
     return b"".join(parts)
 

@@ -33,6 +33,7 @@ from nodeagent.core.backoff import Backoff, Jitter
 from nodeagent.kube import errors
 from nodeagent.kube.client import KubeClient, selector_params
 from nodeagent.kube.metrics import (
+    BODIES_TOO_LARGE,
     WATCH_DECODE_ERRORS,
     WATCH_EVENTS,
     WATCH_RELISTS,
@@ -224,6 +225,11 @@ class _Watch:
         self.on_synced = on_synced
         # Watches refused with 403 in a row since the last one the server accepted.
         self.forbidden_in_a_row = 0
+        # A streaming list's initial events, split from the watch at its end bookmark.
+        self._initial: _InitialEvents | None = None
+        # (Trio clock) from when the server may close the current watch for its timeoutSeconds:
+        # a close before that is the server going away, not the routine end of a watch.
+        self.closes_from = 0.0
 
     def listed(self, rv: str) -> None:
         self.rv = rv
@@ -262,6 +268,15 @@ class _Watch:
         self.listing = rv is None
         try:
             reason = await self._stream(rv)
+        except errors.BodyTooLarge as exc:
+            # Bounded, not dropped: the event (or the error answer) is refused whole, and what
+            # it would have told is only known again from a relist.
+            BODIES_TOO_LARGE.labels(self.label, exc.limit).inc()
+            log.error("watch body too large: relisting", resource=self.label, error=exc.message)
+            self.rv = None
+            if self.listing:
+                raise self._list_failure(exc) from exc
+            return "too_large"
         except errors.DecodeError as exc:
             # Events may have been lost in what could not be decoded: never go on from the
             # resourceVersion seen so far, relist (streaming lists are retried with backoff).
@@ -285,11 +300,13 @@ class _Watch:
 
     async def _stream(self, rv: str | None) -> str:
         lo, hi = self.options.server_timeout
+        # Jittered so that many watches opened together do not all reconnect together.
+        timeout = max(1, round(self.client.rng.uniform(lo, hi)))
+        self.closes_from = trio.current_time() + timeout - 1
         params = {
             "watch": "true",
             "allowWatchBookmarks": "true",
-            # Jittered so that many watches opened together do not all reconnect together.
-            "timeoutSeconds": str(max(1, round(self.client.rng.uniform(lo, hi)))),
+            "timeoutSeconds": str(timeout),
             **selector_params(self.request.label_selector, self.request.field_selector),
         }
         if rv is None:
@@ -305,36 +322,41 @@ class _Watch:
             resource=self.label,
         ) as resp:
             self.forbidden_in_a_row = 0
-            initial: _InitialEvents | None = None
+            self._initial = None
             if rv is None:
                 WATCH_RELISTS.labels(self.label).inc()
                 await self.sink.begin_list()
-                initial = _InitialEvents()
-            decoder, raw_chunks = body_stream(resp)
+                self._initial = _InitialEvents()
+            decoder, raw_chunks = body_stream(resp, max_line=self.options.max_event_bytes)
             try:
                 async for raw in raw_chunks:
-                    if not (chunk := decoder.decode(raw)):
-                        continue
-                    if initial is not None:
-                        lines, end = initial.push(chunk)
-                        if lines and (error := await self._feed(lines)) is not None:
+                    # In bounded pieces: a small chunk of a gzip bomb never becomes one huge one.
+                    for chunk in decoder.pieces(raw):
+                        if (error := await self._take(chunk)) is not None:
                             return self._on_error_event(error)
-                        if end is None:
-                            continue
-                        chunk, list_rv = end
-                        initial = None
-                        await self.sink.end_list(list_rv)
-                        self.listing = False
-                        WATCH_STREAMING_LISTS.labels(self.label, "complete").inc()
-                        self.listed(list_rv)
-                        if not chunk:
-                            continue
-                    if (error := await self._feed(chunk)) is not None:
-                        return self._on_error_event(error)
                 decoder.finish()
             finally:
                 await self.sink.end_stream()
         return "closed"
+
+    async def _take(self, chunk: bytes) -> WatchError | None:
+        """Feed one decoded piece of the stream: to the streaming list's initial events until
+        its end bookmark, then to the watch. The ERROR event that came, if any."""
+        if (initial := self._initial) is not None:
+            lines, end = initial.push(chunk)
+            if lines and (error := await self._feed(lines)) is not None:
+                return error
+            if end is None:
+                return None
+            chunk, list_rv = end
+            self._initial = None
+            await self.sink.end_list(list_rv)
+            self.listing = False
+            WATCH_STREAMING_LISTS.labels(self.label, "complete").inc()
+            self.listed(list_rv)
+            if not chunk:
+                return None
+        return await self._feed(chunk)
 
     async def _feed(self, data: bytes) -> WatchError | None:
         result = await self.sink.feed(data)
@@ -462,9 +484,16 @@ async def run_watch(
         if w.rv is None and isinstance(sink, GapSink):
             sink.events_missing(reason)
         if w.healthy:
-            # The stream delivered events or bookmarks: the server is fine, resume at once.
+            # The stream delivered events or bookmarks: the server was fine. After the routine
+            # close at its timeoutSeconds, resume at once. After a break, resume within a random
+            # part of the spread: an apiserver restart breaks every agent's watches at once, and
+            # their reconnects would all land on the new process the moment it serves.
             backoff.reset()
-            await trio.lowlevel.checkpoint()
+            spread = client.watch_options.reconnect_spread
+            if spread <= 0 or (reason == "closed" and trio.current_time() >= w.closes_from):
+                await trio.lowlevel.checkpoint()
+            else:
+                await trio.sleep(client.rng.uniform(0, spread))
             continue
         delay = backoff.next()
         if w.retry_after is not None:

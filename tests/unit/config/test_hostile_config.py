@@ -114,6 +114,7 @@ ZERO_MEANS_NONE = {
     "resources.min_sync_interval",
     "reporter.grace",
     "reporter.cnr_min_write_interval",
+    "kube.watch_reconnect_spread",
 }
 FLOATS = [
     f"{table.name}.{name}"
