@@ -14,7 +14,7 @@ from nodeagent import __version__
 from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, parse_set
 from nodeagent.core.errors import ConfigError
 from nodeagent.log import escape_control
-from nodeagent.service.config import load_config
+from nodeagent.service.config import computed_defaults, load_config
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -132,7 +132,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return _config_failure(exc)
     print(f"# effective configuration from {source or 'defaults'}", file=sys.stderr)
-    _output(to_json(config) if args.format == "json" else to_toml(config))
+    _output(
+        to_json(config) if args.format == "json" else to_toml(config, computed_defaults(config))
+    )
     return EXIT_OK
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -41,11 +42,21 @@ def _toml_value(value: Any) -> str:
     raise TypeError(f"cannot render {type(value).__name__} as TOML")
 
 
-def _table(name: str, doc: dict[str, Any], lines: list[str]) -> None:
+# A default computed from other settings (or the machine): its value and how it is computed,
+# by dotted key ("plugins.endpoint_dirs").
+Computed = Mapping[str, tuple[Any, str]]
+
+
+def _table(name: str, doc: dict[str, Any], lines: list[str], computed: Computed) -> None:
     lines.append(f"[{name}]")
     subtables: list[tuple[str, dict[str, Any]]] = []
     for key, value in doc.items():
-        if value is None:
+        if value is None and f"{name}.{key}" in computed:
+            # Commented out: the output read back keeps the setting unset, so the value still
+            # follows what it is computed from.
+            value, how = computed[f"{name}.{key}"]
+            lines.append(f"# {key} = {_toml_value(value)}  # computed (unset): {how}")
+        elif value is None:
             # TOML has no null: show the key so the reader knows it exists and is unset.
             lines.append(f"# {key} is unset")
         elif isinstance(value, dict) and value:
@@ -54,11 +65,13 @@ def _table(name: str, doc: dict[str, Any], lines: list[str]) -> None:
             lines.append(f"{key} = {_toml_value(value)}")
     lines.append("")
     for sub_name, sub in subtables:
-        _table(sub_name, sub, lines)
+        _table(sub_name, sub, lines, computed)
 
 
-def to_toml(config: msgspec.Struct) -> str:
+def to_toml(config: msgspec.Struct, computed: Computed | None = None) -> str:
+    """TOML of `config`; an unset setting with a `computed` default shows that value, marked
+    computed."""
     lines: list[str] = []
     for name, section in to_builtins(config).items():
-        _table(name, section, lines)
+        _table(name, section, lines, computed or {})
     return "\n".join(lines)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import trio
 
+from nodeagent.plugins.settings import default_allowed_uids
 from nodeagent.rpc.errors import ConnectCheck, RpcError
 
 __all__ = [
@@ -63,7 +64,7 @@ class PeerCredentials:
 
 def allowed_uids_check(uids: Iterable[int] | None) -> UidCheck:
     """The default UID rule: the configured UIDs, or root and the agent's own user."""
-    allowed = frozenset(uids) if uids is not None else frozenset({0, os.getuid()})
+    allowed = frozenset(uids if uids is not None else default_allowed_uids())
     return allowed.__contains__
 
 

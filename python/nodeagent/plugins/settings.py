@@ -17,12 +17,17 @@ from nodeagent.core.rules import (
     count,
 )
 
-__all__ = ["KUBELET_PLUGINS_DIR", "PluginSettings"]
+__all__ = ["KUBELET_PLUGINS_DIR", "PluginSettings", "default_allowed_uids"]
 
 _MAX_GRPC_MESSAGE = 2**31 - 1  # a gRPC length prefix is 32 bits
 # Where the upstream plugin helper (k8s.io/dynamic-resource-allocation kubeletplugin) puts a
 # driver's service socket by default: /var/lib/kubelet/plugins/<driver>/dra.sock.
 KUBELET_PLUGINS_DIR = "/var/lib/kubelet/plugins"
+
+
+def default_allowed_uids() -> list[int]:
+    """`plugins.allowed_uids` unset: root and the agent's own user."""
+    return sorted({0, os.getuid()})
 
 
 class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -125,6 +130,11 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
                 self.stream_backoff_max,
                 "must be >= stream_backoff_initial",
             )
+
+    def resolved_allowed_uids(self) -> list[int]:
+        """The UIDs a plugin process may run as: the configured ones, else root and the agent's
+        own user."""
+        return list(self.allowed_uids) if self.allowed_uids is not None else default_allowed_uids()
 
     def resolved_endpoint_dirs(self) -> list[str]:
         """The directories an endpoint may resolve into (absolute, symbolic links resolved)."""

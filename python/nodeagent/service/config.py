@@ -33,7 +33,7 @@ from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings
 
-__all__ = ["Config", "build_config", "load_config"]
+__all__ = ["Config", "build_config", "computed_defaults", "load_config"]
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -82,6 +82,19 @@ def build_config(
     for table in msgspec.structs.fields(Config):
         validate_section(table.name, getattr(config, table.name))
     return config
+
+
+def computed_defaults(config: Config) -> dict[str, tuple[Any, str]]:
+    """The settings left unset whose value the agent computes, with that value and how it is
+    computed (what `check-config` shows for them)."""
+    plugins = config.plugins
+    return {
+        "plugins.endpoint_dirs": (
+            plugins.resolved_endpoint_dirs(),
+            "registry_dir's parent and the kubelet's plugin directory",
+        ),
+        "plugins.allowed_uids": (plugins.resolved_allowed_uids(), "root and the agent's user"),
+    }
 
 
 def load_config(

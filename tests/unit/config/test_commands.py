@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,27 @@ def test_malformed_set_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 def test_status_against_nothing_listening_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--ops-address", "127.0.0.1:9", "--timeout", "2"]) == 3
     assert "cannot reach" in capsys.readouterr().err
+
+
+def test_check_config_shows_computed_defaults_as_computed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A default computed from other settings is printed with its value and said to be computed
+    (issue 29 item 18: it read `# endpoint_dirs is unset`); the output still round-trips, the
+    setting unset."""
+    path = tmp_path / "c.toml"
+    path.write_text('[agent]\nstate_dir = "/srv/na"\nnode_name = "n1"\n')
+    assert main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "is unset" not in out.replace("# kubeconfig is unset", "").replace(
+        "# context is unset", ""
+    )
+    uids = json.dumps(sorted({0, os.getuid()}))
+    assert (
+        '# endpoint_dirs = ["/srv/na", "/var/lib/kubelet/plugins"]  # computed (unset): '
+        "registry_dir's parent and the kubelet's plugin directory\n"
+    ) in out
+    assert f"# allowed_uids = {uids}  # computed (unset): root and the agent's user\n" in out
+    assert main(["check-config", str(path), "--set", "plugins.allowed_uids=[5]"]) == 0
+    out = capsys.readouterr().out
+    assert "allowed_uids = [5]\n" in out and "root and the agent's user" not in out
