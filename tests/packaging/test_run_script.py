@@ -1,7 +1,7 @@
 """scripts/run re-installs the checkout into its venv only when a source changed: what
 `scripts/setup` (an editable install: maturin writes the extension into `python/nodeagent/`) and
 any import (`__pycache__/`) leave in the tree is no change (issue 29 item 18: every run after a
-setup re-installed, a Rust build of a minute or two). The script runs on a copy of itself in a
+setup re-installed, the extension built again). The script runs on a copy of itself in a
 small tree with a stand-in venv (its python records the install, its nodeagent answers), so
 nothing is built."""
 
