@@ -26,6 +26,7 @@ from nodeagent.dynconfig.state import LOCAL, BadKind, Known, State, Trial
 from nodeagent.dynconfig.status import (
     Condition,
     ConfigEvent,
+    bad_condition,
     describe,
     describe_file,
     describe_known,
@@ -37,6 +38,9 @@ __all__ = ["BootResult", "boot"]
 log = get_logger(__name__)
 
 C = TypeVar("C")
+# Seconds a checkpoint's confirmation may lie in the future of a start (a small step of the
+# clock back by NTP) and still count as just confirmed.
+FUTURE_SKEW = 60.0
 
 
 @dataclass(slots=True)
@@ -120,11 +124,8 @@ class _Boot(Generic[C]):
         )
         result = self._from_lkg("rollback", f"{why}: {subject}", now)
         self._save()
-        result.condition = Condition(
-            False,
-            "RolledBack",
-            f"{subject} rolled back: {why}; running {describe_known(result.active)}",
-        )
+        # The text a relist renders again for the assigned config rolled back: it writes nothing.
+        result.condition = bad_condition(state.bad[-1], result.active)
         return result
 
     def _resume(self, trial: Trial, restarts: int, now: float) -> BootResult[C] | None:
@@ -138,15 +139,11 @@ class _Boot(Generic[C]):
             self.state.trial = None
             self._save()
             return None
-        confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
         problem = None
         if trial.config is None:
             problem = "the checkpoint does not hold the config on trial"
-        elif now - confirmed > self.settings.checkpoint_grace:
-            problem = (
-                f"checkpoint expired ({now - confirmed:.0f}s since the apiserver confirmed it, "
-                f"grace {self.settings.checkpoint_grace:g}s)"
-            )
+        else:
+            problem = self._expired(now)
         config = None
         if problem is None:
             try:
@@ -200,18 +197,14 @@ class _Boot(Generic[C]):
                 "defaults" if source == "checkpoint" else source,
                 f"{reason}; no remote last-known-good",
             )
-        confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
-        age = now - confirmed
-        if age > self.settings.checkpoint_grace:
+        expired = self._expired(now)
+        if expired is not None:
             # The last-known-good is what a rollback goes back to; booted local, that is the
             # local config (kept, the same config assigned again would be on trial with itself
             # as its rollback target).
             self._forget_lkg()
-            return self._local(
-                "defaults",
-                f"{reason}; checkpoint expired ({age:.0f}s since the apiserver confirmed it, "
-                f"grace {self.settings.checkpoint_grace:g}s)",
-            )
+            return self._local("defaults", f"{reason}; {expired}")
+        age = max(0.0, now - (self.state.confirmed_at or 0.0))
         try:
             config = self.build(lkg.config)
         except ConfigError as exc:
@@ -223,6 +216,24 @@ class _Boot(Generic[C]):
         )
         log.info("dynconfig boot", source=source, reason=reason, hash=lkg.hash)
         return self._result(config, source, reason, lkg, "checkpoint", condition)
+
+    def _expired(self, now: float) -> str | None:
+        """Why the checkpoint is past its grace (None: within it). A confirmation later than
+        now by more than FUTURE_SKEW has no age to measure (the clock moved back since, or it
+        was written during a forward glitch): taken as expired, never as for ever fresh."""
+        confirmed = self.state.confirmed_at if self.state.confirmed_at is not None else 0.0
+        age, grace = now - confirmed, self.settings.checkpoint_grace
+        if age < -FUTURE_SKEW:
+            return (
+                f"checkpoint expired (confirmed {-age:.0f}s in the future: the wall clock "
+                "moved; its age cannot be measured)"
+            )
+        if age > grace:
+            return (
+                f"checkpoint expired ({age:.0f}s since the apiserver confirmed it, "
+                f"grace {grace:g}s)"
+            )
+        return None
 
     def _forget_lkg(self) -> None:
         self.state.lkg, self.state.lkg_at = None, None

@@ -42,7 +42,6 @@ from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import LOCAL, LOCAL_HASH, Assignment, BadKind, Known, Trial
 from nodeagent.dynconfig.status import (
     EVENT,
-    REASON,
     VERB,
     Condition,
     ConfigEvent,
@@ -108,6 +107,10 @@ class Controller(Generic[C]):
         self.boot_source = booted.source
         self.boot_reason = booted.reason
         self.trial_deadline: float | None = None  # trio time
+        # When this process last confirmed the assignment, on the monotonic (trio) clock: the
+        # quarter grace between two confirmations is measured on it, so that a wall-clock
+        # glitch cannot leave a confirmation in the future unrefreshed (None: not yet).
+        self._confirmed_mono: float | None = None
         # A trial resumed at boot (a clean restart): its seconds left, armed by run_trials.
         self._resume_for = booted.resume_for
         # Why the watch could not select (a tie, an unreadable list or target), until it
@@ -138,6 +141,11 @@ class Controller(Generic[C]):
             remaining = self._resume_for
         else:
             remaining = self.settings.trial_duration
+        if remaining <= 0:
+            # The shutdown outlasted the trial: a trial with nothing left is complete, not a
+            # restart during it (the crashloop_restarts-th would roll a good config back).
+            self._promote(trial)
+            return
         self.state.trial = msgspec.structs.replace(
             trial, remaining=remaining, config=self.active.config
         )
@@ -160,22 +168,15 @@ class Controller(Generic[C]):
             self.confirm()
         else:
             self.state.assigned, self.state.assigned_at = target, self.wall()
-            self.state.confirmed_at = self.state.assigned_at
+            self._confirmed()
             set_info(ASSIGNED_INFO, hash=target.hash, name=target.name)
             self._save()
         if target.hash == self.active.hash:
             self._refresh_condition()
             return
-        bad = self.state.bad_for(target)
-        if bad is not None:
-            self._set_condition(
-                Condition(
-                    False,
-                    REASON[bad.kind],
-                    f"{describe(target.name, target.hash)} not applied ({bad.kind}: "
-                    f"{bad.reason}); running {describe_known(self.active)}",
-                )
-            )
+        if self.state.bad_for(target) is not None:
+            # Its error stays on the condition as it was written: a relist writes nothing.
+            self._refresh_condition()
             return
         lkg = self.state.lkg
         if lkg is not None and lkg.hash == target.hash:
@@ -203,16 +204,26 @@ class Controller(Generic[C]):
 
     def confirm(self) -> None:
         """The apiserver still assigns what runs: refresh the grace's start, at most every quarter
-        grace (the grace then counts the time unconfirmed, bounded writes)."""
-        now = self.wall()
-        last = self.state.confirmed_at
-        if last is None or now - last >= self.settings.checkpoint_grace / 4:
-            self.state.confirmed_at = now
+        grace (the grace then counts the time unconfirmed, bounded writes). The quarter is
+        measured on the monotonic clock once this process confirmed; before, from the
+        checkpoint's wall time, where one in the future (written during a clock glitch) is
+        no reason to wait."""
+        quarter = self.settings.checkpoint_grace / 4
+        if self._confirmed_mono is not None:
+            due = trio.current_time() - self._confirmed_mono >= quarter
+        else:
+            last = self.state.confirmed_at
+            due = last is None or not 0 <= self.wall() - last < quarter
+        if due:
+            self._confirmed()
             self._save()
+
+    def _confirmed(self) -> None:
+        self.state.confirmed_at, self._confirmed_mono = self.wall(), trio.current_time()
 
     def _assign_local(self) -> None:
         self.state.assigned, self.state.assigned_at = None, self.wall()
-        self.state.confirmed_at = self.state.assigned_at
+        self._confirmed()
         ASSIGNED_INFO.clear()
         if self.active.hash != LOCAL_HASH:
             self._switch(LOCAL, "no NodeAgentConfig targets the node")
@@ -301,8 +312,7 @@ class Controller(Generic[C]):
             "dynconfig rejected", kind=kind, name=target.name, hash=target.hash, reason=reason
         )
         self.on_event(ConfigEvent("Warning", EVENT[kind], message))
-        self.condition_ = Condition(False, REASON[kind], message)
-        self._pulse()
+        self._refresh_condition()  # the same text (status.bad_condition) as the message
 
     # -- the trial --
 
@@ -360,7 +370,12 @@ class Controller(Generic[C]):
             reason=reason,
         )
         self.on_event(ConfigEvent("Warning", "ConfigRolledBack", message))
-        self.condition_ = Condition(False, "RolledBack", message)
+        if trial.file_hash or not applied:
+            self.condition_ = Condition(False, "RolledBack", message)
+        else:
+            # The assigned config's error (this rollback's, status.bad_condition: the same
+            # text a relist renders again) or a tie the watch still sees.
+            self._refresh_condition()
         if trial.file_hash:
             self.on_file_rollback(message)
         self._pulse()

@@ -8,12 +8,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.dynconfig.state import LOCAL_HASH, BadKind, Known, State, Trial
+from nodeagent.dynconfig.state import LOCAL_HASH, Bad, BadKind, Known, State, Trial
 
 __all__ = [
     "CONDITION_TYPE",
     "Condition",
     "ConfigEvent",
+    "bad_condition",
     "condition_patch",
     "config_view",
     "describe",
@@ -96,15 +97,33 @@ def describe_trial(trial: Trial) -> str:
     return " and ".join(parts)
 
 
+def bad_condition(bad: Bad, active: Known) -> Condition:
+    """The condition while `bad` is the assigned config: one text whether it is written when
+    the config is refused or rolled back, at a start, or at the next relist (a relist that
+    changes nothing must write nothing)."""
+    subject, running = describe(bad.name, bad.hash), describe_known(active)
+    if bad.kind in VERB:
+        text = f"{subject} {VERB[bad.kind]}: {bad.reason}; keeping {running}"
+    else:
+        text = f"{subject} rolled back: {bad.reason}; running {running}"
+    return Condition(False, REASON[bad.kind], text)
+
+
 def resting_condition(state: State, active: Known, kept: tuple[str, str] | None) -> Condition:
     """The condition once nothing is being decided: what the watch could not choose (`kept`:
-    reason, text), the trial under way, or what runs."""
+    reason, text), the assigned config's error, the trial under way, or what runs."""
     running = describe_known(active)
     if kept is not None:
         # Until the watch selects again, what it could not choose is what the Node shows
         # (a trial ending meanwhile does not make a tie go away).
         reason, text = kept
         return Condition(False, reason, f"{text}; keeping {running}")
+    assigned = state.assigned
+    bad = None if assigned is None or assigned.hash == active.hash else state.bad_for(assigned)
+    if bad is not None:
+        # The kubelet's rule: the assigned config's error stays on the condition while it is
+        # assigned (a trial of what runs ending meanwhile included).
+        return bad_condition(bad, active)
     if state.trial is not None:
         return Condition(True, "OnTrial", f"{describe_trial(state.trial)} applied, on trial")
     if state.assigned is None:

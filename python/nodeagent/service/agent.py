@@ -341,6 +341,9 @@ class Agent:
                     accumulator_settings=self.config.accumulator,
                     reports=self.readiness,
                     watchdog_age=lambda: self.heartbeat.liveness()[1],
+                    # The watches' answers confirm a quiet assignment only while the apiserver
+                    # answers (kube ready: connected, or lost for less than its bound).
+                    answering=lambda: self.cluster.readiness()[0],
                 )
                 dynamic.append(self.dynconfig_component)
             self.supervisor = Supervisor(

@@ -132,9 +132,12 @@ class DynconfigComponent:
         accumulator_settings: AccumulatorSettings,
         reports: Callable[[], Sequence[ComponentHealth]],
         watchdog_age: Callable[[], float | None] = lambda: None,
+        answering: Callable[[], bool] = lambda: True,
         retry: float = 30.0,
         watch: Watch | None = None,
     ) -> None:
+        """``answering``: whether the apiserver answers now (the process's `kube` component);
+        a live, unchanged assignment is confirmed only while it does."""
         self.node_name = node_name
         self.controller = controller
         self.events = events
@@ -147,6 +150,11 @@ class DynconfigComponent:
         self._accumulator_settings = accumulator_settings
         self._reports = reports
         self._watchdog_age = watchdog_age
+        self._answering = answering
+        # The last selection assigned a target (or none) and nothing changed since that it did
+        # not select: what the watch shows confirms the assignment (not during a tie, an
+        # unreadable target or a selection owed).
+        self._selected = False
         self._retry = retry
         self._watch = watch  # the accumulators' watch (None: through the client; tests: a fake)
         self.accumulators: list[Accumulator] = []
@@ -162,6 +170,9 @@ class DynconfigComponent:
         # kept while the status stays, and an agent restarted on an unchanged condition
         # does not write it again.
         self._node_seen: dict[str, Any] | None = None
+        # (status, lastTransitionTime) of this process's last condition write: newer than any
+        # Node view it holds (the watch of the Node lags behind our own writes).
+        self._transition: tuple[str, str] | None = None
         self._node_listed = trio.Event()
         self._lost = Wake()
         self.condition_error: str | None = None
@@ -213,6 +224,7 @@ class DynconfigComponent:
             for acc in self.accumulators:
                 await nursery.start(acc.run)
                 nursery.start_soon(_forward, acc, wake)
+            nursery.start_soon(self._keep_confirmed)
             snap = _Snap()
             labels: dict[str, str] | None = None
             # A selection is owed from the first change it could not run for until it runs: a
@@ -239,6 +251,20 @@ class DynconfigComponent:
                 if labels is not None and ready and self._known():
                     owed = False
                     self._select(snap, labels)
+                if owed:
+                    self._selected = False
+
+    async def _keep_confirmed(self) -> None:
+        """A live, unchanged assignment stays confirmed (issue 29 item 3: only a selection
+        confirmed it, so after quiet hours a clean restart found the checkpoint expired): every
+        quarter grace, while the apiserver answers, both queries are known and the last
+        selection stands, the controller confirms (it writes at most once a quarter grace)."""
+        every = self.controller.settings.checkpoint_grace / 4
+        while True:
+            await trio.sleep(every)
+            known = all(s.known for acc in self.accumulators for s in acc.statuses().values())
+            if self._selected and known and self._answering():
+                self.controller.confirm()
 
     async def _crd_served(self) -> bool:
         try:
@@ -289,6 +315,7 @@ class DynconfigComponent:
         self.invalid = invalid + selection.invalid
         if self.invalid:
             log.warning("NodeAgentConfig objects not usable", invalid=self.invalid)
+        self._selected = unreadable_target is None and not selection.tie
         if unreadable_target is not None:
             # Whether it still targets this node cannot be told: keep what runs, say why.
             self.selection_reason = f"not selecting: the target {unreadable_target[0]} unreadable"
@@ -351,6 +378,12 @@ class DynconfigComponent:
                     await trio.sleep(backoff.next())
                     continue
                 backoff.reset()
+            elif self.condition_error is not None:
+                # Nothing left to write (the condition wanted went back to the one written
+                # while a write failed): the failure is moot, not a status write failing.
+                log.info("NodeAgentConfigOK condition as written: the failed write is moot")
+                self.condition_error = None
+                backoff.reset()
             if self.controller.condition() == self.written:
                 async with trio.open_nursery() as nursery:  # whichever comes first
                     for wait in (changed.wait, self._lost.wait):
@@ -382,16 +415,18 @@ class DynconfigComponent:
         return same
 
     async def _patch_condition(self, condition: Condition) -> None:
-        shown = self._shown()
         status = "True" if condition.status else "False"
-        kept = shown.get("lastTransitionTime") if shown and shown.get("status") == status else None
+        # The time the status last changed: our own last write's once there is one (the Node
+        # seen may predate it: True -> False -> True kept the first time), else the Node's.
+        last = self._transition
+        if last is None:
+            shown = self._shown() or {}
+            last = (str(shown.get("status")), str(shown.get("lastTransitionTime") or ""))
+        kept = (last[1] or None) if last[0] == status else None
+        body = condition_patch(condition, time.time(), transitioned=kept)
         try:
             answer = await self._client.patch(
-                NODES,
-                self.node_name,
-                condition_patch(condition, time.time(), transitioned=kept),
-                type="strategic",
-                subresource="status",
+                NODES, self.node_name, body, type="strategic", subresource="status"
             )
         except KubeError as exc:
             self.condition_error = str(exc)
@@ -399,6 +434,7 @@ class DynconfigComponent:
             return
         self.condition_error = None
         self.condition_writes += 1
+        self._transition = (status, body["status"]["conditions"][0]["lastTransitionTime"])
         self.written = condition
         self._written_uid = _uid(answer)
 

@@ -168,7 +168,9 @@ class Loop:
 class Agent:
     """One agent process: a controller booted from the checkpoint and its component."""
 
-    def __init__(self, loop: Loop, directory: Path, wall: Wall, ready: list[bool]) -> None:
+    def __init__(
+        self, loop: Loop, directory: Path, wall: Wall, ready: list[bool], answering: list[bool]
+    ) -> None:
         self.client = Client()
         store = CheckpointStore(directory)
         booted = boot(SETTINGS, store, build, wall=wall)
@@ -183,6 +185,7 @@ class Agent:
             client=cast(Any, self.client),
             accumulator_settings=AccumulatorSettings(max_interval=0.05),
             reports=lambda: [Report("publisher", ready=ready[0])],
+            answering=lambda: answering[0],
             watch=self.client.run_watch,
         )
         self.scope = trio.CancelScope()
@@ -213,6 +216,9 @@ class DynconfigModel(RuleBasedStateMachine):
         self.loop = Loop()
         self.wall = Wall()
         self.ready = [True]
+        # Whether the apiserver answers: only while a trial's time passes (the one rule that
+        # lets the quarter grace of the live assignment's confirmation go by).
+        self.answering = [False]
         self.objects: dict[str, Obj] = {}
         self.labels: dict[str, str] = {"pool": "x"}
         self.node_rv = 1
@@ -231,7 +237,7 @@ class DynconfigModel(RuleBasedStateMachine):
     # -- the world -------------------------------------------------------------------------
 
     def _start(self) -> Agent:
-        agent = Agent(self.loop, self.directory, self.wall, self.ready)
+        agent = Agent(self.loop, self.directory, self.wall, self.ready, self.answering)
         self.agent = agent
         self.relisting.clear()
 
@@ -335,6 +341,20 @@ class DynconfigModel(RuleBasedStateMachine):
         m.active, m.trial, m.trial_restarts = obj.hash, obj.hash, 0
         m.condition = "OnTrial"
 
+    def _resting(self) -> str:
+        """The condition once nothing is being decided: what the watch could not choose, the
+        assigned config's error (it stays while it is assigned, the kubelet's rule), the
+        trial, or what runs."""
+        m = self.model
+        if m.kept is not None:
+            return m.kept
+        a = m.assigned
+        if a is not None and a.hash != m.active and m.bad.get(a.hash) == a.key:
+            return m.bad_reason[a.hash]
+        if m.trial is not None:
+            return "OnTrial"
+        return "Active" if a is not None else "Local"
+
     def _mark_bad(self, hash_: str, key: str, reason: str) -> None:
         self.model.bad[hash_] = key
         self.model.bad_reason[hash_] = reason
@@ -430,6 +450,10 @@ class DynconfigModel(RuleBasedStateMachine):
                 await sink.end_list(str(next(_uids)))
 
             self.loop.run(end)
+            if plural == NAC.plural:
+                # A completed list of the objects is selected, also one that changed nothing:
+                # it confirms the assignment (the grace counts from it again).
+                self.owed = True
             self._settle_and_select()
 
     # -- rules: the trial --------------------------------------------------------------------
@@ -447,17 +471,24 @@ class DynconfigModel(RuleBasedStateMachine):
             assert m.assigned is not None
             self._mark_bad(m.trial, m.assigned.key, "RolledBack")
             m.active = m.lkg if m.lkg is not None and m.lkg != m.trial else LOCAL_HASH
-            m.trial, m.condition = None, "RolledBack"
+            m.trial = None
+            m.condition = self._resting()
 
     @rule()
     def trial_ends(self) -> None:
+        """The trial's time passes with the apiserver answering: the live assignment is
+        confirmed on the way (unless the watch cannot select: a tie, a relist, unreadable)."""
+        self.answering[0] = True
         self.loop.clock.jump(TRIAL + 1)
         self._settle()
+        self.answering[0] = False
         m = self.model
+        if not self.relisting and m.kept is None:
+            m.expired = False
         if m.trial is not None:
             m.lkg, m.trial = m.active, None
             m.promoted.add(m.active)
-            m.condition = m.kept or ("Active" if m.assigned is not None else "Local")
+            m.condition = self._resting()
 
     # -- rules: the process ------------------------------------------------------------------
 
