@@ -80,16 +80,17 @@ def plugin_inventory(inv: Invariants, rng: random.Random) -> str:
 
 
 def _restart_agent(inv: Invariants, signum: int) -> None:
-    model = inv.model
-    if model.target == "good":
-        # A config assigned when the agent dies may be on trial: a SIGKILL is a crash during
-        # it, the CRASHLOOP_RESTARTS-th clean stop counts as crash-looping (both documented).
+    model, good = inv.model, inv.model.last_good
+    if good is not None:
+        # The last good config may be on trial when the agent dies (also under an invalid
+        # target, which leaves its trial running): a SIGKILL is a crash during it, the
+        # CRASHLOOP_RESTARTS-th clean stop counts as crash-looping (both documented).
         if signum == signal.SIGKILL:
-            model.at_risk.add(model.marker)
+            model.at_risk.add(good)
         else:
-            model.clean_stops[model.marker] += 1
-            if model.clean_stops[model.marker] >= CRASHLOOP_RESTARTS:
-                model.at_risk.add(model.marker)
+            model.clean_stops[good] += 1
+            if model.clean_stops[good] >= CRASHLOOP_RESTARTS:
+                model.at_risk.add(good)
     stop_agent(inv, "node-a", signum)
     inv.world.start_agent("node-a")
 
@@ -153,7 +154,7 @@ def config_good(inv: Invariants, rng: random.Random) -> str:
     if rng.random() < 0.5:
         config["agent"] = {"log_level": rng.choice(("info", "warning"))}
     _put_config(inv, config)
-    inv.model.target, inv.model.marker = "good", marker
+    inv.model.target, inv.model.marker, inv.model.last_good = "good", marker, marker
     # A new generation of the object: a config rolled back before is tried again.
     inv.model.rolled_back.discard(marker)
     inv.model.at_risk.discard(marker)

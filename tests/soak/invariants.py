@@ -30,8 +30,8 @@ CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
 RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
 FD_GROWTH = 32  # open files above an agent's baseline, sustained over five samples
 BASELINE_AFTER = 20.0  # seconds after READY before an agent's baseline sample
-WRITES_BASE = 30  # writes per minute with no event
-WRITES_PER_EVENT = 25  # writes per minute each event of the minute (or the one before) may add
+WRITES_BASE = 20  # writes per minute with no event
+WRITES_PER_EVENT = 6  # writes per minute each event of the minute (or the one before) may add
 LOCAL_SCAN = 0.2  # plugins.scan_interval of the local config (world.SETTINGS)
 FOREIGN = "soak-foreign"
 
@@ -43,6 +43,9 @@ class Model:
     target: str | None = None  # "good" or "invalid": the NodeAgentConfig for node-a
     marker: float = LOCAL_SCAN  # its plugins.scan_interval (good and invalid ranges disjoint)
     invalid_markers: set[float] = field(default_factory=set)
+    # The good config assigned last: the only one that can be on trial (a newer good config
+    # ends an older one's trial; an invalid one is refused and leaves the trial running).
+    last_good: float | None = None
     # Good configs the soak put at risk of a (legitimate) rollback: node-a SIGKILLed while it
     # was assigned (a crash during its trial), or stopped cleanly CRASHLOOP_RESTARTS times.
     at_risk: set[float] = field(default_factory=set)
@@ -331,10 +334,10 @@ class Invariants:
         )
         if rolled and not rec.rollback_seen:
             rec.rollback_seen = True
-            m = self.model.marker
-            if self.model.target == "good":
+            m = self.model.last_good
+            if m is not None:
                 self.model.rolled_back.add(m)
-            allowed = self.model.target == "good" and m in self.model.at_risk
+            allowed = m is not None and m in self.model.at_risk
             if allowed:
                 self.out(
                     f"note: step {self.step}: config {m} rolled back after the soak killed the "

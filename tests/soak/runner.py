@@ -44,6 +44,8 @@ class Summary:
             f"invariant checks: {sum(self.checks.values())} ("
             + ", ".join(f"{k} {v}" for k, v in sorted(self.checks.items()))
             + ")",
+            "writes per minute (events of the minute and the one before): "
+            + ", ".join(f"{w}/{e}" for _, w, e in self.writes_per_minute),
             f"node-b's agent (never restarted): {self.flat}",
             f"violations: {len(self.violations)}",
         ]
