@@ -125,10 +125,22 @@ def _magnitude_nanos(text: str, digits: str, frac_len: int, base: int, exponent:
     return nanos
 
 
+# What kube-apiserver trims around a quantity it decodes from JSON (`Quantity.UnmarshalJSON`
+# takes Go's `strings.TrimSpace` of the raw text between the quotes): Unicode white space, less
+# the control characters JSON escapes (an escaped tab reaches it as backslash and 't').
+TRIMMED_SPACE = (
+    " \x85\xa0\u1680"
+    + "".join(map(chr, range(0x2000, 0x200B)))
+    + ("\u2028\u2029\u202f\u205f\u3000")
+)
+
+
 def _scan(text: str) -> tuple[bool, str, str, tuple[int, int, Format]] | None:
     """(negative, whole digits, fraction digits, interpreted suffix) of a quantity string, or
     None for a zero written without digits after its zeros ("0", "+", "-00"); raises
-    QuantityError for a format or suffix error."""
+    QuantityError for a format or suffix error. White space around it is trimmed, as the
+    server trims it."""
+    text = text.strip(TRIMMED_SPACE)
     if not text:
         raise QuantityError(text, ERR_FORMAT)
     pos, end = 0, len(text)
@@ -171,6 +183,7 @@ def check_quantity_syntax(text: str) -> None:
 def parse_quantity(text: str) -> Quantity:
     """Parses like upstream `resource.ParseQuantity`; raises QuantityError."""
     zero = Quantity(0, Format.DECIMAL_SI)
+    text = text.strip(TRIMMED_SPACE)
     scanned = _scan(text)
     if scanned is None:
         return zero

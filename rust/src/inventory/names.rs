@@ -56,15 +56,31 @@ pub fn is_qualified_name(s: &str) -> bool {
     ident.len() <= 32 && c_identifier(ident.as_bytes())
 }
 
-/// An attribute or capacity name as kube-apiserver checks it: the domain case-insensitively.
+/// Go's `unicode.ToLower` of one character where it differs from a plain ASCII lowering in a
+/// way that matters here: the two non-ASCII characters whose simple lowercase is ASCII.
+/// (Python's and Rust's full mapping lower U+0130 to "i" and a combining dot.)
+fn go_lower(c: char) -> char {
+    match c {
+        '\u{130}' => 'i',
+        '\u{212a}' => 'k',
+        c => c.to_ascii_lowercase(),
+    }
+}
+
+/// An attribute or capacity name as kube-apiserver checks it (`validateDriverName` on the
+/// domain): at most 63 bytes as written, then a DNS subdomain once lowered the way Go's
+/// `strings.ToLower` lowers it (so `GPU.example.com`, a Kelvin sign and U+0130 pass, where
+/// a domain of 65 bytes holding a Kelvin sign does not, although it lowers to 63).
 pub fn is_device_qualified_name(s: &str) -> bool {
     let (domain, sep, ident) = rpartition(s);
     if !sep {
         return is_qualified_name(s);
     }
-    // Python's str.lower (full Unicode mapping: the Kelvin sign lowers to an ASCII 'k').
-    let lowered = format!("{}/{}", domain.to_lowercase(), ident);
-    is_qualified_name(&lowered)
+    if domain.len() > 63 {
+        return false;
+    }
+    let lowered: String = domain.chars().map(go_lower).collect();
+    is_dns_subdomain(&lowered, 63) && ident.len() <= 32 && c_identifier(ident.as_bytes())
 }
 
 fn label_name_shape(s: &[u8]) -> bool {
@@ -130,44 +146,111 @@ pub fn is_semver(s: &str) -> bool {
     }
 }
 
-/// An RFC 3339 timestamp as metav1.Time serialises (optional fraction up to nanoseconds).
-pub fn is_rfc3339(s: &str) -> bool {
-    let b = s.as_bytes();
-    let digits =
-        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
-    if b.len() < 20
-        || !digits(0..4)
-        || b[4] != b'-'
-        || !digits(5..7)
-        || b[7] != b'-'
-        || !digits(8..10)
-        || b[10] != b'T'
-        || !digits(11..13)
-        || b[13] != b':'
-        || !digits(14..16)
-        || b[16] != b':'
-        || !digits(17..19)
-    {
-        return false;
+/// Two ASCII digits at `s[pos..]` (Go's `getnum`; `fixed`: a second digit is required, else
+/// one digit is a number too), and where the rest starts.
+fn getnum(s: &[u8], pos: usize, fixed: bool) -> Option<(i64, usize)> {
+    let digit = |i: usize| {
+        s.get(i)
+            .filter(|c| c.is_ascii_digit())
+            .map(|c| i64::from(c - b'0'))
+    };
+    let a = digit(pos)?;
+    match digit(pos + 1) {
+        Some(b) => Some((a * 10 + b, pos + 2)),
+        None if fixed => None,
+        None => Some((a, pos + 1)),
     }
-    let mut pos = 19;
-    if b[pos] == b'.' {
+}
+
+fn days_in(month: i64, year: i64) -> i64 {
+    let leap = year % 4 == 0 && (year % 100 != 0 || year % 400 == 0);
+    match month {
+        2 if leap => 29,
+        2 => 28,
+        4 | 6 | 9 | 11 => 30,
+        _ => 31,
+    }
+}
+
+/// Nanoseconds since the epoch of a time as kube-apiserver decodes a `metav1.Time` (Go's
+/// `time.Parse(time.RFC3339, s)`), or None where the server answers 400. That parser is
+/// laxer than RFC 3339 in places and strict in others: a one-digit hour, a fraction after ','
+/// or '.' of any length (cut to nanoseconds), year 0000, offsets up to +-24:00 and minutes up
+/// to 60 are taken; a day past the month's end (2024-02-30), hour 24, minute or second 60, an
+/// offset hour over 24 or a lowercase 't'/'z' are not.
+pub fn parse_rfc3339(s: &str) -> Option<i128> {
+    let b = s.as_bytes();
+    let lit = |pos: usize, c: u8| (b.get(pos) == Some(&c)).then_some(pos + 1);
+    if b.len() < 4 || !b[..4].iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let year = b[..4]
+        .iter()
+        .fold(0i64, |y, c| y * 10 + i64::from(c - b'0'));
+    let pos = lit(4, b'-')?;
+    let (month, pos) = getnum(b, pos, true)?;
+    let pos = lit(pos, b'-')?;
+    let (day, pos) = getnum(b, pos, true)?;
+    let pos = lit(pos, b'T')?;
+    let (hour, pos) = getnum(b, pos, false)?;
+    let pos = lit(pos, b':')?;
+    let (minute, pos) = getnum(b, pos, true)?;
+    let pos = lit(pos, b':')?;
+    let (second, mut pos) = getnum(b, pos, true)?;
+    if !(1..=12).contains(&month) || hour >= 24 || minute >= 60 || second >= 60 {
+        return None;
+    }
+    let mut nanos: i128 = 0;
+    if matches!(b.get(pos), Some(b'.' | b',')) && b.get(pos + 1).is_some_and(u8::is_ascii_digit) {
         let start = pos + 1;
         pos = start;
-        while pos < b.len() && b[pos].is_ascii_digit() {
+        while b.get(pos).is_some_and(u8::is_ascii_digit) {
             pos += 1;
         }
-        if pos == start || pos - start > 9 {
-            return false;
-        }
+        let kept = &b[start..pos.min(start + 9)];
+        let digits = kept
+            .iter()
+            .fold(0i128, |n, c| n * 10 + i128::from(c - b'0'));
+        nanos = digits * 10i128.pow(9 - kept.len() as u32);
     }
-    match &b[pos..] {
-        [b'Z'] => true,
-        [sign, h1, h2, b':', m1, m2] => {
-            (*sign == b'+' || *sign == b'-') && [h1, h2, m1, m2].iter().all(|c| c.is_ascii_digit())
+    let offset = match &b[pos..] {
+        [b'Z'] => 0,
+        [sign @ (b'+' | b'-'), h1, h2, b':', m1, m2] => {
+            let hm = [h1, h2, m1, m2];
+            if !hm.iter().all(|c| c.is_ascii_digit()) {
+                return None;
+            }
+            let (oh, om) = (
+                i64::from(h1 - b'0') * 10 + i64::from(h2 - b'0'),
+                i64::from(m1 - b'0') * 10 + i64::from(m2 - b'0'),
+            );
+            if oh > 24 || om > 60 {
+                return None;
+            }
+            if *sign == b'-' {
+                -(oh * 3600 + om * 60)
+            } else {
+                oh * 3600 + om * 60
+            }
         }
-        _ => false,
+        _ => return None,
+    };
+    if day < 1 || day > days_in(month, year) {
+        return None;
     }
+    // Howard Hinnant's days_from_civil.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
+    Some(i128::from(secs) * 1_000_000_000 + nanos)
+}
+
+/// A time kube-apiserver takes as a `metav1.Time` (`parse_rfc3339`).
+pub fn is_rfc3339(s: &str) -> bool {
+    parse_rfc3339(s).is_some()
 }
 
 /// Python's `repr()` of a string, exactly: error messages quote names with it.
@@ -308,6 +391,40 @@ mod tests {
         assert!(!is_semver("1.0.0-01"));
         assert!(is_rfc3339("2024-01-02T03:04:05.123Z"));
         assert!(!is_rfc3339("2024-01-02T03:04:05."));
+        // Issue 29 item 12: what kube-apiserver 1.37 answers (tests/integration oracle).
+        let kelvin = format!("{}\u{212a}/x", "a".repeat(61));
+        assert!(
+            !is_device_qualified_name(&kelvin),
+            "65 bytes, 63 once lowered"
+        );
+        assert!(is_device_qualified_name(&kelvin[1..]));
+        assert!(is_device_qualified_name("\u{130}.com/x"));
+        assert!(!is_device_qualified_name("\u{131}.com/x"));
+        for bad in [
+            "2024-02-30T00:00:00Z",
+            "2024-01-01T24:00:00Z",
+            "2024-01-01T00:60:00Z",
+            "2024-01-01T00:00:60Z",
+            "2024-01-01T00:00:00+25:00",
+            "2024-01-01T00:00:00+23:61",
+            "2024-01-01t00:00:00Z",
+            "2024-01-1T00:00:00Z",
+        ] {
+            assert!(!is_rfc3339(bad), "{bad}");
+        }
+        for good in [
+            "2024-01-01T00:00:00.1234567891Z",
+            "2024-01-01T00:00:00,5Z",
+            "2024-01-01T1:00:00Z",
+            "0000-01-01T00:00:00Z",
+            "2024-01-01T00:00:00+24:00",
+        ] {
+            assert!(is_rfc3339(good), "{good}");
+        }
+        assert_eq!(
+            parse_rfc3339("2024-01-01T00:00:00+23:60"),
+            parse_rfc3339("2023-12-31T00:00:00Z")
+        );
         assert_eq!(repr("it's"), "\"it's\"");
         assert_eq!(repr("a\nb"), "'a\\nb'");
     }

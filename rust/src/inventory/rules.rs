@@ -11,7 +11,6 @@ use crate::planner::quantity::{self, ERR_RANGE};
 
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 pub const MAX_TAINTS: usize = 16;
-pub const MAX_COUNTER_SETS: usize = 8;
 pub const MAX_COUNTERS: usize = 32;
 pub const MAX_COUNTER_CONSUMPTIONS: usize = 2;
 pub const MAX_ATTRIBUTE_STRING: usize = 64;
@@ -832,12 +831,8 @@ pub fn check_message(inv: &Inventory) -> Result<(), String> {
         if !pool_names.insert(pool.name.as_str()) {
             return Err(format!("{at}.name: {}: duplicate pool name", r(&pool.name)));
         }
-        if pool.shared_counters.len() > MAX_COUNTER_SETS {
-            return Err(format!(
-                "{at}.shared_counters: {} counter sets, at most {MAX_COUNTER_SETS}",
-                pool.shared_counters.len()
-            ));
-        }
+        // No limit on a pool's counter sets: the publisher lays them out 8 to a slice (the
+        // server's limit is per slice), so a pool of 9 is published as 8 + 1 (issue 29 item 12).
         let mut set_names = HashSet::new();
         for (j, cs) in pool.shared_counters.iter().enumerate() {
             let here = format!("{at}.shared_counters[{j}]");

@@ -196,7 +196,21 @@ fn scale_up(digits: &[u8], bin_exp: i64, dec_exp: i64) -> Option<i128> {
     }
 }
 
+/// What kube-apiserver trims around a quantity it decodes from JSON (`Quantity.UnmarshalJSON`
+/// takes Go's `strings.TrimSpace` of the raw text between the quotes): Unicode white space,
+/// less the control characters JSON escapes (an escaped tab reaches it as `\t` and is refused).
+pub fn is_trimmed_space(c: char) -> bool {
+    matches!(
+        c,
+        ' ' | '\u{85}' | '\u{a0}' | '\u{1680}' | '\u{2000}'
+            ..='\u{200a}' | '\u{2028}' | '\u{2029}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+    )
+}
+
+/// A quantity as kube-apiserver reads it from JSON: `ParseQuantity` of the text with the
+/// white space around it trimmed (" 1Gi " is 1Gi); errors quote the trimmed text.
 pub fn parse(s: &str) -> Result<Quantity, String> {
+    let s = s.trim_matches(is_trimmed_space);
     let b = s.as_bytes();
     let end = b.len();
     if end == 0 {
@@ -393,12 +407,17 @@ mod tests {
             "1.2.3",
             "1Kb",
             "1e",
-            "1 ",
+            "1\t",
+            "  ",
+            "1 2",
             "1e99999999999",
             "1e40",
         ] {
             assert!(parse(s).is_err(), "{s}");
         }
+        // Trimmed as kube-apiserver trims the raw JSON text (issue 29 item 12).
+        assert_eq!(canon(" 1Gi "), "1Gi");
+        assert_eq!(canon("\u{a0}1"), "1");
     }
 
     #[test]

@@ -35,88 +35,12 @@ impl Canonical {
     }
 }
 
-/// Seconds and nanoseconds since the epoch of an RFC 3339 timestamp
-/// (`YYYY-MM-DDTHH:MM:SS[.f{1,9}](Z|+HH:MM|-HH:MM)`), or None.
+/// Nanoseconds since the epoch of a taint's `timeAdded` as kube-apiserver decodes it, or None:
+/// every time the validator lets through is compared by its instant (a server stores
+/// `2024-01-01T00:00:00,5Z` as `2024-01-01T00:00:00Z`; compared as text, it was rewritten for
+/// ever).
 pub fn parse_time(s: &str) -> Option<i128> {
-    let b = s.as_bytes();
-    let num = |r: std::ops::Range<usize>| -> Option<i64> {
-        let d = b.get(r)?;
-        if d.iter().all(u8::is_ascii_digit) {
-            std::str::from_utf8(d).ok()?.parse().ok()
-        } else {
-            None
-        }
-    };
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' {
-        return None;
-    }
-    if b[16] != b':' {
-        return None;
-    }
-    let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
-    let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    let mut pos = 19;
-    let mut frac: i128 = 0;
-    if b[pos] == b'.' {
-        let start = pos + 1;
-        let mut end = start;
-        while end < b.len() && b[end].is_ascii_digit() {
-            end += 1;
-        }
-        let n = end - start;
-        if n == 0 || n > 9 {
-            return None;
-        }
-        frac = i128::from(num(start..end)?) * 10i128.pow(9 - n as u32);
-        pos = end;
-    }
-    let offset: i64 = match b.get(pos)? {
-        b'Z' if pos + 1 == b.len() => 0,
-        &c @ (b'+' | b'-') if pos + 6 == b.len() && b[pos + 3] == b':' => {
-            let (oh, om) = (num(pos + 1..pos + 3)?, num(pos + 4..pos + 6)?);
-            if oh > 23 || om > 59 {
-                return None;
-            }
-            let o = oh * 3600 + om * 60;
-            if c == b'-' {
-                -o
-            } else {
-                o
-            }
-        }
-        _ => return None,
-    };
-    let leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
-    let month_days = [
-        31,
-        if leap { 29 } else { 28 },
-        31,
-        30,
-        31,
-        30,
-        31,
-        31,
-        30,
-        31,
-        30,
-        31,
-    ];
-    if year < 1 || !(1..=12).contains(&month) || day < 1 || day > month_days[month as usize - 1] {
-        return None;
-    }
-    if hour > 23 || minute > 59 || second > 59 {
-        return None;
-    }
-    // Howard Hinnant's days_from_civil.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + hour * 3600 + minute * 60 + second - offset;
-    Some(i128::from(secs) * 1_000_000_000 + frac)
+    crate::inventory::names::parse_rfc3339(s)
 }
 
 fn times_compatible(a: &Option<String>, b: &Option<String>) -> bool {
@@ -185,5 +109,9 @@ mod tests {
             Some(951_868_800_500_000_000)
         );
         assert_eq!(parse_time("2023-02-29T00:00:00Z"), None);
+        assert!(equal(
+            &base,
+            &t(r#","timeAdded":"2024-01-01T00:00:00.1234567891Z""#)
+        ));
     }
 }

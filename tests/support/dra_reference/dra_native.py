@@ -27,7 +27,6 @@ __all__ = ["validate_inventory_message"]
 # bridge's max_message_bytes before decoding.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS = 16
-MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
 MAX_BINDING_CONDITIONS = 4
 MAX_COMPATIBILITY_GROUPS = 2
@@ -44,11 +43,7 @@ def validate_inventory_message(message: device_pb2.Inventory) -> None:
         if pool.name in pool_names:
             raise InvalidMessage(f"{where}.name: {pool.name!r}: duplicate pool name")
         pool_names.add(pool.name)
-        if len(pool.shared_counters) > MAX_COUNTER_SETS:
-            raise InvalidMessage(
-                f"{where}.shared_counters: {len(pool.shared_counters)} counter sets, "
-                f"at most {MAX_COUNTER_SETS}"
-            )
+        # No limit on a pool's counter sets: the publisher lays them out 8 to a slice.
         set_names: set[str] = set()
         for j, counter_set in enumerate(pool.shared_counters):
             at = f"{where}.shared_counters[{j}]"

@@ -11,7 +11,6 @@ from nodeagent.core.k8s import (
     is_label_key,
     is_label_value,
     is_qualified_name,
-    is_rfc3339,
     is_semver,
 )
 from nodeagent.resources import model
@@ -28,6 +27,7 @@ from nodeagent.resources.model import (
     Inventory,
 )
 from tests.support.dra_reference.device_fields import device_field_errors, pool_field_errors
+from tests.support.go_time import is_rfc3339
 from tests.support.quantity import QuantityError, canonicalize
 
 TAINT_EFFECTS = ("NoSchedule", "NoExecute", "None")
@@ -51,12 +51,20 @@ def _quantity(where: str, value: str, errors: list[str]) -> None:
         errors.append(f"{where}: {exc}")
 
 
+# Go's unicode.ToLower where it lowers a non-ASCII character to ASCII (str.lower maps U+0130
+# to "i" and a combining dot).
+_GO_LOWER = {"\u0130": "i", "\u212a": "k"}
+
+
 def is_device_qualified_name(name: str) -> bool:
     """An attribute or capacity name as kube-apiserver checks it: a C identifier (<= 32), or a
-    domain and one: the domain is a CSI driver name, which upstream checks case-insensitively
-    (`GPU.example.com/model` is accepted)."""
+    domain and one: the domain is a CSI driver name, at most 63 bytes as written, then checked
+    lowered as Go lowers it (`GPU.example.com/model` is accepted)."""
     domain, sep, ident = name.rpartition("/")
-    return is_qualified_name(f"{domain.lower()}{sep}{ident}")
+    if not sep:
+        return is_qualified_name(name)
+    lowered = "".join(_GO_LOWER.get(c, c.lower() if c.isascii() else c) for c in domain)
+    return len(domain.encode()) <= 63 and is_qualified_name(f"{lowered}/{ident}")
 
 
 def attribute_errors(name: str, attr: DeviceAttribute) -> list[str]:

@@ -69,8 +69,8 @@ def test_a_message_using_every_new_field_passes() -> None:
             "request_policy.valid_values[1]: '?'",
         ),
         (
-            {"capacity": {"c": {"value": "1", "requestPolicy": {"validRange": {"step": "1 "}}}}},
-            "request_policy.valid_range.step: '1 '",
+            {"capacity": {"c": {"value": "1", "requestPolicy": {"validRange": {"step": "1 2"}}}}},
+            "request_policy.valid_range.step: '1 2'",
         ),
         (
             {"capacity": {"c": {"value": "99", "requestPolicy": {"validValues": ["1"] * 11}}}},

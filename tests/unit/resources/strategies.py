@@ -26,10 +26,18 @@ OPTIONAL_QUANTITY_GROUPS: list[list[Json]] = [
     [v for v in g if v is not None and v is not ABSENT] for g in QUANTITY_GROUPS
 ]
 TIMES: list[list[Json]] = [
-    ["2024-05-01T10:00:00Z", "2024-05-01T12:00:00+02:00", "2024-05-01T10:00:01Z"],
+    [
+        "2024-05-01T10:00:00Z",
+        "2024-05-01T12:00:00+02:00",
+        "2024-05-01T10:00:01Z",
+        # Go's parser takes these (issue 29 item 12); the server stores them without fraction.
+        "2024-05-01T10:00:00.1234567891Z",
+        "2024-05-01T9:00:00,5-01:00",
+    ],
     ["2024-05-01T10:00:05Z", "2024-05-01T10:00:04Z"],
     [None, ABSENT],
     ["not-a-time"],
+    ["2024-02-30T10:00:00Z"],  # the right shape, no such day: compared as text
 ]
 DEVICE_NAMES = [f"dev-{i}" for i in range(8)]
 EMPTY = [None, [], {}, ABSENT]

@@ -60,6 +60,11 @@ ATTR_NAMES = st.sampled_from(
         "x" * 33,
         "",
         "é",
+        # Issue 29 item 12: the domain's bytes as written, lowered as Go lowers it.
+        "a" * 60 + "\u212a/x",
+        "a" * 61 + "\u212a/x",
+        "\u0130.example.com/x",
+        "\u0131.example.com/x",
     ]
 )
 QUANTITIES = st.sampled_from(
@@ -84,6 +89,10 @@ QUANTITIES = st.sampled_from(
         "1.0001m",
         "4",
         "3",
+        " 1Gi ",
+        "\u00a02",
+        "1\t",
+        "1 2",
     ]
 )
 OPT = st.one_of(st.just(""), QUANTITIES)
@@ -91,7 +100,20 @@ LABELS = st.sampled_from(
     ["ok", "example.com/ok", "Bad Key", "", "a/", "x" * 64, "v1.2", "-x", "é", "a_b"]
 )
 VERSIONS = st.sampled_from(["1.0.0", "1.4.2-rc.1+b.5", "v1", "1.0", "1.0.0-01", "x" * 65])
-TIMES = st.sampled_from(["", "2024-05-01T10:00:00Z", "2024-05-01T10:00:00.5+02:00", "nope"])
+TIMES = st.sampled_from(
+    [
+        "",
+        "2024-05-01T10:00:00Z",
+        "2024-05-01T10:00:00.5+02:00",
+        "nope",
+        "2024-02-30T00:00:00Z",
+        "2024-01-01T24:00:00Z",
+        "2024-01-01T00:00:60Z",
+        "2024-01-01T00:00:00+25:00",
+        "2024-01-01T00:00:00.1234567891Z",
+        "2024-01-01T1:00:00,5+24:00",
+    ]
+)
 EFFECTS = st.sampled_from(["NoSchedule", "NoExecute", "None", "Bad", ""])
 GROUPS = st.sampled_from(["g1", "g2", "Bad_Group", ""])
 OPS = st.sampled_from(["NodePrepareResources", "NodeUnprepareResources", "*", "Other"])
