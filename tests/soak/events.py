@@ -187,6 +187,16 @@ def config_delete(inv: Invariants, rng: random.Random) -> str:
     return f"NodeAgentConfig {NAC_NAME} deleted"
 
 
+def node_recreate(inv: Invariants, rng: random.Random) -> str:
+    """node-a's Node deleted and created again (a new UID, no condition): the agent re-owns
+    its slices and writes its condition on the new Node."""
+    status, got = inv.world.admin("DELETE", "/api/v1/nodes/node-a")
+    if status != 200:
+        raise ApiDown(f"Node delete: {status} {got}")
+    inv.world.ensure_node("node-a")
+    return "Node node-a deleted and created again"
+
+
 def foreign_create(inv: Invariants, rng: random.Random) -> str:
     """A ResourceSlice of another driver on node-a, not the agent's (no managed-by label)."""
     body = {
@@ -233,6 +243,7 @@ TABLE = (
     Event("config_good", 3, lambda inv: True, config_good),
     Event("config_invalid", 1, lambda inv: True, config_invalid),
     Event("config_delete", 1, lambda inv: inv.model.target is not None, config_delete),
+    Event("node_recreate", 1, lambda inv: True, node_recreate),
     Event("foreign_create", 1, lambda inv: inv.model.foreign_rv is None, foreign_create),
     Event("foreign_delete", 1, lambda inv: inv.model.foreign_rv is not None, foreign_delete),
 )

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.soak.world import NODES, SLICE_MAX, ApiDown, Plugin, World
+from tests.soak.world import MANAGED_BY, NODES, SLICE_MAX, ApiDown, Plugin, World
 
 # The bounds (docs/testing/soak.md explains each).
 SETTLE_BOUND = 60.0  # seconds for the world to converge after an event
@@ -139,6 +139,18 @@ def published(slices: list[dict[str, Any]], node: str, driver: str) -> list[dict
         and s["spec"]["driver"] == driver
         and s["metadata"].get("name") != FOREIGN
     ]
+
+
+def owner_difference(node: str, uid: str, slices: list[dict[str, Any]]) -> str | None:
+    """The agent's slices of ``node`` owned by another Node than the current one (re-created)."""
+    wrong = [
+        s["metadata"]["name"]
+        for s in slices
+        if s["spec"].get("nodeName") == node
+        and s["metadata"].get("labels", {}).get(MANAGED_BY) == "nodeagent"
+        and [o.get("uid") for o in s["metadata"].get("ownerReferences", [])] != [uid]
+    ]
+    return f"{node}: slices {wrong[:3]} not owned by the Node's UID {uid}" if wrong else None
 
 
 def plugin_difference(plugin: Plugin, specs: list[dict[str, Any]]) -> str | None:
@@ -385,7 +397,10 @@ class Invariants:
                     )
             doc = agent.doc("/v1/config")
             dyn = doc["dynamic"] or {}
-            cond = world.condition(node)
+            uid, cond = world.node(node)
+            owners = owner_difference(node, uid, slices)
+            if owners:
+                out.append(owners)
             mine = (dyn.get("reason"), dyn.get("message"))
             theirs = (cond or {}).get("reason"), (cond or {}).get("message")
             if mine != theirs:

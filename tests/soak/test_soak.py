@@ -12,6 +12,7 @@ from tests.soak.invariants import (
     FOREIGN,
     Invariants,
     Model,
+    owner_difference,
     plugin_difference,
     pool_problems,
     published,
@@ -52,6 +53,14 @@ def test_a_plugin_not_published_is_seen(tmp_path: Path) -> None:
     assert plugin_difference(plugin, published([_slice("a", 1, 1, ["dev-0"])], "node-a", "d"))
     plugin.set_inventory(inventory(2, "u"))  # same names, another model: not yet published
     assert plugin_difference(plugin, published(slices, "node-a", "d"))
+
+
+def test_a_slice_of_the_old_node_is_seen() -> None:
+    s = _slice("a", 1, 1, ["x"])
+    s["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "nodeagent"}
+    s["metadata"]["ownerReferences"] = [{"kind": "Node", "uid": "old"}]
+    assert owner_difference("node-a", "old", [s]) is None
+    assert owner_difference("node-a", "new", [s])
 
 
 def test_writes_are_counted_from_the_metrics() -> None:

@@ -302,14 +302,16 @@ class World:
         items: list[dict[str, Any]] = body["items"]
         return items
 
-    def condition(self, node: str) -> dict[str, Any] | None:
+    def node(self, node: str) -> tuple[str, dict[str, Any] | None]:
+        """The Node's UID and its NodeAgentConfigOK condition (None: not written)."""
         status, body = self.admin("GET", f"/api/v1/nodes/{node}")
         if status != 200:
             raise ApiDown(f"get Node {node}: {status}")
+        uid: str = body["metadata"]["uid"]
         for c in (body.get("status") or {}).get("conditions") or []:
             if c["type"] == "NodeAgentConfigOK":
-                return dict(c)
-        return None
+                return uid, dict(c)
+        return uid, None
 
     def close(self) -> None:
         for agent in self.agents.values():
