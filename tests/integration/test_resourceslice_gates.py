@@ -492,3 +492,42 @@ async def test_a_refused_shrink_leaves_the_complete_pool_published(
         assert len(got[0]["spec"]["devices"]) == 100
         await quiet(pub)
         assert pub.failing() == {}
+
+
+async def test_a_time_the_server_respells_is_published_once(
+    gates_on: ApiServer, admin_on: KubeClient
+) -> None:
+    """Issue 29 item 12: taint times Go's parser takes and the server stores respelled (10
+    fraction digits, a ',' before the fraction, a one-digit hour; stored as whole seconds in
+    UTC) are published and the pool rests: the planner compares them by their instant. Before,
+    the agent refused the first; had it taken them, compared as text, they would have been
+    rewritten on every sync."""
+    times = ["2024-01-01T00:00:00.1234567891Z", "2024-01-01T00:00:00,5Z", "2024-01-01T1:00:00Z"]
+    inventory = device_pb2.Inventory(
+        pools=[
+            device_pb2.Pool(
+                name=NODE,
+                devices=[
+                    device_pb2.Device(
+                        name=f"gpu-{i}",
+                        taints=[device_pb2.DeviceTaint(key="k", effect="NoSchedule", time_added=t)],
+                    )
+                    for i, t in enumerate(times)
+                ],
+            )
+        ]
+    )
+    plugins = Plugins()
+    plugins.send(inventory)
+    async with publisher(gates_on, plugins) as pub:
+        (item,) = await _settled(pub, admin_on, 1)
+        assert [d["taints"][0]["timeAdded"] for d in item["spec"]["devices"]] == [
+            "2024-01-01T00:00:00Z",
+            "2024-01-01T00:00:00Z",
+            "2024-01-01T01:00:00Z",
+        ]
+        assert pub.writes == 1 and pub.failing() == {}
+        plugins.send(inventory)
+        await settle(pub)
+        assert pub.writes == 1
+    assert versions(await node_slices(admin_on)) == versions([item])
