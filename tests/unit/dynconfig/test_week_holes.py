@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
+import pytest
 import trio
 import trio.testing
 
@@ -94,41 +95,40 @@ def node(rv: int, *conditions: dict[str, Any]) -> dict[str, Any]:
     return {"metadata": meta, "status": {"conditions": list(conditions)}}
 
 
+async def fleet_applied(rig: Rig) -> None:
+    """The Node and one NodeAgentConfig naming it listed, its config applied."""
+    await synced(await rig.client.sink("nodes"), node(1))
+    await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}))
+    await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
+
+
 # -- item 3 ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("answering", [True, False])
 async def test_a_quiet_live_assignment_stays_confirmed(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, answering: bool
 ) -> None:
+    """Three hours of live watches without a NodeAgentConfig event; not answering: the watches
+    are kept, but the apiserver does not answer them (nothing confirms)."""
     wall = trio_wall()
     async with running(tmp_path, wall) as rig:
-        await synced(await rig.client.sink("nodes"), node(1))
-        await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}))
-        await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
-        await trio.sleep(3 * 3600)  # live watches, no NodeAgentConfig event for three hours
+        await fleet_applied(rig)
+        assigned = confirmed_at(rig.store)
+        rig.answering[0] = answering
+        await trio.sleep(3 * 3600)
         assert rig.controller.state.trial is None  # promoted
         confirmed = confirmed_at(rig.store)
-        assert wall() - confirmed <= GRACE / 2, wall() - confirmed
+        if answering:
+            assert wall() - confirmed <= GRACE / 2, wall() - confirmed
+        else:
+            assert confirmed == assigned
 
-    # A clean restart without the apiserver: the last-known-good, not the defaults.
+    # A clean restart without the apiserver: the last-known-good (confirmed), else defaults.
     settings = DynconfigSettings(checkpoint_grace=GRACE)
     booted = boot(settings, CheckpointStore(tmp_path / "checkpoints"), build, wall=wall)
-    assert booted.source == "checkpoint", booted.reason
-    assert booted.state.lkg is not None and booted.state.lkg.name == "fleet"
-
-
-async def test_an_unanswering_apiserver_does_not_confirm(
-    tmp_path: Path, autojump_clock: trio.testing.MockClock
-) -> None:
-    wall = trio_wall()
-    async with running(tmp_path, wall) as rig:
-        await synced(await rig.client.sink("nodes"), node(1))
-        await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}))
-        await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
-        confirmed = confirmed_at(rig.store)
-        rig.answering[0] = False  # the watches are kept, but nothing answers them
-        await trio.sleep(3 * 3600)
-        assert confirmed_at(rig.store) == confirmed
+    assert booted.source == ("checkpoint" if answering else "defaults"), booted.reason
+    assert (booted.state.lkg is not None) == answering
 
 
 # -- item 4 ---------------------------------------------------------------------------------------
