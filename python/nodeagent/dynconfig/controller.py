@@ -287,9 +287,10 @@ class Controller(Generic[C]):
             name=target.name,
             started_at=self.wall(),
             file_hash=running.file_hash if running is not None else "",
+            changed=_changed(running, result.changed),
         )
         self.trial_deadline = trio.current_time() + self.settings.trial_duration
-        self.health.start(reports)
+        self.health.start(reports, self.state.trial.changed)
         self._save()
         self.on_event(
             ConfigEvent(
@@ -426,9 +427,10 @@ class Controller(Generic[C]):
             started_at=self.wall(),
             remote=running is not None and running.remote,
             file_hash=file_hash,
+            changed=_changed(running, result.changed),
         )
         self.trial_deadline = trio.current_time() + self.settings.trial_duration
-        self.health.start(reports)
+        self.health.start(reports, self.state.trial.changed)
         self._save()
         message = (
             f"changed: {', '.join(result.changed)}; on trial for {self.settings.trial_duration:g}s"
@@ -466,7 +468,7 @@ class Controller(Generic[C]):
             if self._resume_for is not None:
                 if self.state.trial is not None and self.trial_deadline is None:
                     self.trial_deadline = trio.current_time() + self._resume_for
-                    self.health.start(reports())
+                    self.health.start(reports(), self.state.trial.changed)
                 self._resume_for = None
             if self.trial_deadline is None:
                 await self.changed.wait()
@@ -526,4 +528,16 @@ class Controller(Generic[C]):
             file_hash=self.file_hash,
             remaining=remaining,
             condition=self.condition_,
+            not_blamed=self.health.not_blamed if self.state.trial is not None else {},
         )
+
+
+def _changed(running: Trial | None, changed: Sequence[str]) -> list[str] | None:
+    """The fields a trial changed: `changed`, with those of the trial it extends (a reload
+    during a remote trial, or the reverse: a rollback reverts both); None if those are not
+    known."""
+    if running is None:
+        return sorted(changed)
+    if running.changed is None:
+        return None
+    return sorted({*running.changed, *changed})

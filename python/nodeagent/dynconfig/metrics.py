@@ -34,6 +34,12 @@ VETOES = Counter(
     "nodeagent_config_vetoes_total",
     "Remote configs discarded because a component vetoed the change.",
 )
+NOT_BLAMED = Counter(
+    "nodeagent_config_trial_not_blamed_total",
+    "Health signals past their bound during a trial that the change on trial cannot cause "
+    "(the component reads no setting it changed): reported, not rolled back, once per trial.",
+    ["component"],
+)
 REJECTED = Counter(
     "nodeagent_config_rejected_total",
     "Remote configs refused by the agent's validation (static or unknown field, bad value).",

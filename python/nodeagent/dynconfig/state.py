@@ -98,6 +98,10 @@ class Trial(msgspec.Struct, frozen=True, kw_only=True):
     # The remote config on trial, recorded by a clean stop: the assignment may have moved on
     # meanwhile (an edit rejected as invalid keeps the trial running).
     config: dict[str, Any] | None = None
+    # The fields (dotted paths) the trial changed: only a health signal these can cause rolls
+    # it back (dynconfig.health.CAUSES). None: not known (a checkpoint of an older agent),
+    # every signal counts.
+    changed: list[str] | None = None
 
 
 class State(msgspec.Struct, kw_only=True):

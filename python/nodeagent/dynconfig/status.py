@@ -5,6 +5,7 @@ why they differ)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,7 @@ def config_view(
     file_hash: str,
     remaining: float | None,
     condition: Condition,
+    not_blamed: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """The /v1/config view: assigned / active / last-known-good and why they differ (`boot`:
     source, reason; `remaining`: seconds of the trial left)."""
@@ -210,6 +212,10 @@ def config_view(
             "since": stamp(trial.started_at),
             "remaining": remaining,
             "restarts": trial.restarts,
+            # The fields it changed (None: not known) and the signals past their bound it
+            # cannot cause: reported, not held against it.
+            "changed": trial.changed,
+            "not_blamed": dict(not_blamed or {}),
         },
         "bad": [
             {"name": b.name, "hash": b.hash, "kind": b.kind.value, "reason": b.reason}
