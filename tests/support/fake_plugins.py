@@ -165,7 +165,7 @@ class FakeHandler:
         if self.deregister_error is not None:
             raise self.deregister_error
 
-    def plugin_status(self, name: str) -> dict[str, Any] | None:
+    def plugin_status(self, name: str, *, message: bool = True) -> dict[str, Any] | None:
         return None
 
     def plugin_names(self) -> list[str]:

@@ -95,8 +95,8 @@ class DraHandler(StreamingHandler["Message"]):
         else:
             raise InvalidMessage(f"unexpected message type {type(message).__name__}")
 
-    def plugin_status(self, name: str) -> dict[str, Any] | None:
-        status = super().plugin_status(name)
+    def plugin_status(self, name: str, *, message: bool = True) -> dict[str, Any] | None:
+        status = super().plugin_status(name, message=message)
         entry = self._entries.get(name)
         if status is not None and entry is not None:
             status["api"] = dra_api(entry.plugin.versions)

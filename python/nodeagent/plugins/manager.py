@@ -218,7 +218,8 @@ class PluginManager:
                 if r.probe_failures:
                     out[r.socket] = f"{who}: {r.probe_failures} probes failed in a row"
                     continue
-                stream = self._stream_status(r.plugin_type, r.name, r.socket)
+                # Without the last message: this runs at every heartbeat.
+                stream = self._stream_status(r.plugin_type, r.name, r.socket, message=False)
                 if stream.get("stream_state") == "backoff":
                     out[r.socket] = f"{who}: stream down: {stream.get('stream_error') or '?'}"
         return out
@@ -258,9 +259,13 @@ class PluginManager:
 
     # -- status helpers ----------------------------------------------------------------------
 
-    def _stream_status(self, plugin_type: str, name: str, socket: str) -> dict[str, Any]:
+    def _stream_status(
+        self, plugin_type: str, name: str, socket: str, *, message: bool = True
+    ) -> dict[str, Any]:
         handler = self._handlers.get(plugin_type)
-        stream = handler.plugin_status(name) if handler is not None and name else None
+        stream = (
+            handler.plugin_status(name, message=message) if handler is not None and name else None
+        )
         if stream is None:
             return {
                 "stream_state": "none",

@@ -31,6 +31,7 @@ __all__ = [
     "LimitedChannel",
     "LimitedProtoCodec",
     "Server",
+    "StreamCodec",
     "limit_reads",
     "to_rpc_error",
     "trailers_only_status",
@@ -51,6 +52,27 @@ class LimitedProtoCodec(ProtoCodec):
             return message_type.FromString(data)
         except DecodeError as exc:
             raise MalformedMessage(str(exc)) from None
+
+
+class StreamCodec(LimitedProtoCodec):
+    """One streaming call's codec: a message whose bytes are those of the message before is not
+    decoded again, the same object is handed back. A plugin re-sending its whole state unchanged
+    (8,192 devices at 10 Hz) then costs a comparison of bytes (~0.1 ms a MiB) instead of a
+    decode on this thread holding the GIL for tens of milliseconds, and the consumer tells a
+    re-send from a change by identity, before converting anything. Holds the last message's
+    bytes (at most ``max_message_bytes``) as long as the call lasts."""
+
+    def __init__(self, max_message_bytes: int) -> None:
+        super().__init__(max_message_bytes)
+        self._last: tuple[bytes, Any, Any] | None = None  # bytes, message type, message
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        last = self._last
+        if last is not None and last[1] is message_type and last[0] == data:
+            return last[2]
+        message = super().decode(data, message_type)
+        self._last = (data, message_type, message)
+        return message
 
 
 def limit_reads(stream: H2Stream, limit: int) -> None:
@@ -111,7 +133,11 @@ class LimitedChannel(Channel):
         deadline: Deadline | None = None,
         metadata: Any = None,
     ) -> ClientStream[Any, Any]:
-        # As grpclib's Channel.request, with the stream type replaced.
+        # As grpclib's Channel.request, with the stream type replaced and, for a call whose
+        # replies stream, a codec of its own (`StreamCodec`).
+        codec = self._codec
+        if cardinality.server_streaming:
+            codec = StreamCodec(self._max_message_bytes)
         if timeout is not None:
             limit = Deadline.from_timeout(timeout)
             deadline = limit if deadline is None else min(limit, deadline)
@@ -122,7 +148,7 @@ class LimitedChannel(Channel):
             cardinality,
             request_type,
             reply_type,
-            codec=self._codec,
+            codec=codec,
             status_details_codec=self._status_details_codec,
             dispatch=self.__dispatch__,
             deadline=deadline,

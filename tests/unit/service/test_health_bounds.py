@@ -325,7 +325,7 @@ async def test_a_plugin_whose_stream_is_down_is_not_ready_only_past_the_bound(
     class Handler:
         state = "open"
 
-        def plugin_status(self, name: str) -> dict[str, Any]:
+        def plugin_status(self, name: str, *, message: bool = True) -> dict[str, Any]:
             error = "StreamTerminatedError: connection lost" if self.state == "backoff" else ""
             return {
                 "owner_socket": "/r/gpu.sock",
