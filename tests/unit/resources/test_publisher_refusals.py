@@ -105,6 +105,31 @@ async def test_a_refused_slice_of_a_new_generation_leaves_the_last_complete_pool
         assert len(cluster.objects) == 3 and pub.failing() == {}
 
 
+async def test_a_refused_shrink_deletes_nothing(autojump_clock: Any) -> None:
+    """Issue 29 item 11: the pool shrinks from two slices to one, the kept slice's update
+    refused. The plan is an update and a delete; only creates and updates counted for the dry
+    run, so the delete went first and the pool stayed one slice of two, retried (and refused)
+    every `invalid_retry_interval`. Now the plan is dry-run first, also on each retry."""
+    cluster, plugins = FakeCluster(), Plugins()
+    async with running(cluster, plugins) as pub:
+        plugins.send(inventory(200))
+        await settle()
+        before = {n: o["metadata"]["resourceVersion"] for n, o in cluster.objects.items()}
+        assert len(before) == 2
+        cluster.reject = lambda verb, obj: (
+            Invalid(422, "Invalid", "Too long: may not be more than 64 bytes")
+            if verb == "update"
+            else None
+        )
+        writes, dry = len(cluster.writes()), len(cluster.dry_runs)
+        plugins.send(inventory(100))
+        await trio.sleep(700)  # past the default invalid_retry_interval (600 s): one retry
+        assert len(cluster.writes()) == writes  # no real write, no delete
+        assert {n: o["metadata"]["resourceVersion"] for n, o in cluster.objects.items()} == before
+        assert pub.invalid() == {POOL}
+        assert [v for v, _ in cluster.dry_runs[dry:]] == ["update", "update"]
+
+
 async def test_a_restart_on_a_cluster_dropping_fields_makes_no_write(autojump_clock: Any) -> None:
     """The restarted publisher does not know the stored form yet: the observed slices lack the
     taints the inventory has. A dry-run update shows the server would store what it has, so
