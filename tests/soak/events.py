@@ -80,11 +80,10 @@ def plugin_inventory(inv: Invariants, rng: random.Random) -> str:
 
 
 def _restart_agent(inv: Invariants, signum: int) -> None:
-    model, good = inv.model, inv.model.last_good
-    if good is not None:
-        # The last good config may be on trial when the agent dies (also under an invalid
-        # target, which leaves its trial running): a SIGKILL is a crash during it, the
-        # CRASHLOOP_RESTARTS-th clean stop counts as crash-looping (both documented).
+    model = inv.model
+    for good in model.trial_candidates():
+        # A config that may be on trial when the agent dies: a SIGKILL is a crash during its
+        # trial, the CRASHLOOP_RESTARTS-th clean stop counts as crash-looping (both documented).
         if signum == signal.SIGKILL:
             model.at_risk.add(good)
         else:

@@ -13,6 +13,7 @@ the run. Every violation names the step, the event and the seed (docs/testing/so
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from collections import Counter
@@ -43,9 +44,16 @@ class Model:
     target: str | None = None  # "good" or "invalid": the NodeAgentConfig for node-a
     marker: float = LOCAL_SCAN  # its plugins.scan_interval (good and invalid ranges disjoint)
     invalid_markers: set[float] = field(default_factory=set)
-    # The good config assigned last: the only one that can be on trial (a newer good config
-    # ends an older one's trial; an invalid one is refused and leaves the trial running).
+    # The good config assigned last, and the one the agent was last seen running on trial: the
+    # ones a kill can catch during their trial (a config just assigned may not be applied yet;
+    # an invalid one is refused and leaves the trial running).
     last_good: float | None = None
+    on_trial: float | None = None
+    hashes: dict[str, float] = field(default_factory=dict)  # config hash -> its marker
+
+    def trial_candidates(self) -> set[float]:
+        return {m for m in (self.last_good, self.on_trial) if m is not None}
+
     # Good configs the soak put at risk of a (legitimate) rollback: node-a SIGKILLed while it
     # was assigned (a crash during its trial), or stopped cleanly CRASHLOOP_RESTARTS times.
     at_risk: set[float] = field(default_factory=set)
@@ -339,27 +347,37 @@ class Invariants:
                 f"({dyn.get('message')})",
                 once=f"invalid-{scan}-{agent.run}",
             )
+        active_hash = (dyn.get("active") or {}).get("hash")
+        if active_hash and active_hash != "local":
+            self.model.hashes[active_hash] = scan
+        trial = dyn.get("trial") or {}
+        self.model.on_trial = self.model.hashes.get(trial.get("hash") or "")
         self.checks["a good config is never rolled back"] += 1
         rec = self.records.setdefault(agent.run, AgentRecord())
-        rolled = (
-            dyn.get("reason") == "RolledBack" or (dyn.get("boot") or {}).get("source") == "rollback"
-        )
-        if rolled and not rec.rollback_seen:
+        boot = dyn.get("boot") or {}
+        said = ""
+        if boot.get("source") == "rollback":
+            said = str(boot.get("reason"))
+        elif dyn.get("reason") == "RolledBack":
+            said = str(dyn.get("message"))
+        if said and not rec.rollback_seen:
             rec.rollback_seen = True
-            m = self.model.last_good
+            # Which config: the hash the agent names, else the last good one assigned.
+            named = re.search(r"hash ([0-9a-f]{16})", said)
+            m = self.model.hashes.get(named.group(1) if named else "", self.model.last_good)
             if m is not None:
                 self.model.rolled_back.add(m)
             allowed = m is not None and m in self.model.at_risk
             if allowed:
                 self.out(
                     f"note: step {self.step}: config {m} rolled back after the soak killed the "
-                    f"agent during its trial (allowed): {dyn.get('message')}"
+                    f"agent during its trial (allowed): {said}"
                 )
             else:
                 self.violation(
                     "a good config is never rolled back",
-                    f"agent run {agent.run}: {dyn.get('reason')}: {dyn.get('message')} "
-                    f"(boot: {dyn.get('boot')}); the soak did not kill it during a trial",
+                    f"agent run {agent.run}: config {m}: {said} (now {dyn.get('reason')}: "
+                    f"{dyn.get('message')}); the soak did not kill it during a trial",
                 )
 
     # -- converges ---------------------------------------------------------------------
