@@ -26,6 +26,9 @@ Invariants, after every step once the publisher is idle (`settle`):
   pending, not failing or refused) is complete at its highest generation and exactly the
   inventory: every slice of nodeagent's at one generation, as many as each claims in
   `resourceSliceCount`, the devices the plugin reported, and no foreign slice beside them;
+- a pool the server refuses an update of (`server_refuses_updates`: in the dry run as in the
+  write), with no other fault in the run, stays complete: a refused plan deletes nothing first
+  (issue 29 item 11);
 - a sync with nothing changed writes nothing: the same inventory sent again, or a restart from
   a claimed pool, makes zero writes and zero dry runs;
 - `quiesce` (every delivery made, no scripted fault left, time enough for backoffs, graces and
@@ -253,6 +256,11 @@ class PublisherModel(RuleBasedStateMachine):
         self.inventory: Inv = None
         self.registered = False
         self.relisting = False
+        # The server refuses every update (a value it refuses: dry run and write alike).
+        self.refusing = False
+        # A scripted fault, or someone else deleting or editing ours: what follows may be
+        # incomplete without the publisher's doing.
+        self.faulted = False
         self.scope: trio.CancelScope | None = None
         self.pub: Publisher | None = None
         self.source: FakeSource | None = None
@@ -403,6 +411,7 @@ class PublisherModel(RuleBasedStateMachine):
         """A foreign slice created while the publisher's next write is in flight: before the
         server stores it or after (the answer not back yet); seen by the watch at once
         (`wake`) or with the write's echo (a later `deliver`)."""
+        self.faulted = True
         self.cluster.mid_write = (phase, wake)
 
     @rule(data=st.data(), edit=st.booleans())
@@ -412,6 +421,7 @@ class PublisherModel(RuleBasedStateMachine):
         names = sorted(self.ours())
         if not names:
             return
+        self.faulted = True
         name = data.draw(st.sampled_from(names))
 
         def go() -> None:
@@ -431,6 +441,7 @@ class PublisherModel(RuleBasedStateMachine):
     def next_write_fails(self, answer: str) -> None:
         """The next write's answer: 409, 422, 503 (not stored), or stored with the answer lost
         (a connection reset: the client cannot tell)."""
+        self.faulted = True
         if answer == "lost":
             self.cluster.lose_next = True
             return
@@ -440,6 +451,14 @@ class PublisherModel(RuleBasedStateMachine):
             "unavailable": ServiceUnavailable(503, "ServiceUnavailable", "etcd leader changed"),
         }[answer]
         self.cluster.faults.append(fault)
+
+    @rule(on=st.booleans())
+    def server_refuses_updates(self, on: bool) -> None:
+        """From now on the server refuses every update (422, a value it will not take), in a
+        dry run as in the write itself (`on`), or takes them again."""
+        self.refusing = on
+        refusal = Invalid(422, "Invalid", "spec.devices[0]: Invalid value")
+        self.cluster.reject = lambda verb, obj: refusal if on and verb == "update" else None
 
     @rule(seconds=st.sampled_from([0.01, 0.2, 1.1, 5.0, 31.0, 601.0]))
     def advance(self, seconds: float) -> None:
@@ -531,10 +550,26 @@ class PublisherModel(RuleBasedStateMachine):
             assert not self.foreign()
             self.assert_exactly_the_inventory()
 
+    @invariant()
+    def a_refused_update_leaves_the_pool_complete(self) -> None:
+        """Issue 29 item 11: a plan the server refuses leaves the pool as complete as it was
+        (a shrinking pool's delete went before its refused update)."""
+        pub = self.pub
+        assert pub is not None
+        if not (self.refusing and not self.faulted and POOL in pub.invalid()):
+            return
+        # (A refused pool stays queued for its retry: pending is not zero.)
+        if self.current() and not self.foreign() and self.ours():
+            event("checked: a pool whose update is refused")
+            pools = [o["spec"]["pool"] for o in self.ours().values()]
+            assert len({p["generation"] for p in pools}) == 1, pools
+            assert all(p["resourceSliceCount"] == len(pools) for p in pools), pools
+
     @rule()
     def quiesce(self) -> None:
         """Everything delivered, no fault left, time enough for every retry and grace: the
         pool converges."""
+        self.server_refuses_updates(False)
         self.cluster.faults.clear()
         self.cluster.mid_write = None
         self.cluster.lose_next = False
@@ -565,6 +600,7 @@ class PublisherModel(RuleBasedStateMachine):
         self.advance(601.0)
         self.deliver(True)
         assert self.writes() == before, self.cluster.calls[before:]
+        self.faulted = False  # what a fault left behind is repaired
 
 
 PublisherModel.TestCase.settings = settings(
@@ -574,3 +610,24 @@ PublisherModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_publisher_model = PublisherModel.TestCase
+
+
+def test_the_model_sees_a_refused_shrink(monkeypatch: Any) -> None:
+    """The sequence of issue 29 item 11, stepped by hand through the model (random runs reach
+    it rarely): a pool of two slices, the server refusing updates, an inventory of one slice
+    (an update and a delete). Its invariant holds: nothing was deleted."""
+    monkeypatch.setattr(f"{__name__}.event", lambda *args: None)
+    machine = PublisherModel()
+    try:
+        machine.registered_plugin((200, "1Gi"), True)
+        assert machine.claimed() and len(machine.ours()) == 2
+        machine.server_refuses_updates(True)
+        machine.send_inventory((3, "80Gi"))
+        machine.deliver(True)
+        assert machine.pub is not None and POOL in machine.pub.invalid()
+        machine.a_refused_update_leaves_the_pool_complete()
+        assert len(machine.ours()) == 2
+        machine.quiesce()
+        machine.assert_exactly_the_inventory()
+    finally:
+        machine.loop.close()
