@@ -223,7 +223,7 @@ def test_each_disagreement_of_issue_29_is_settled(
 
 
 @settings(
-    max_examples=150,
+    max_examples=300,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
