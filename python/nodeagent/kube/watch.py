@@ -21,6 +21,8 @@ the client's `WatchOptions` say how.
 
 from __future__ import annotations
 
+import random
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NoReturn, Protocol, runtime_checkable
@@ -201,6 +203,59 @@ class UnsupportedStreamingList(errors.KubeError):
         self.cause = cause
 
 
+class _ReconnectGate:
+    """The watches of one client while the apiserver does not answer: one of them (the prober)
+    goes on trying with its backoff, the others wait; once the server answers anything, each
+    of them reconnects after a random 0..``reconnect_spread`` s. An apiserver accepts
+    connections for seconds before it serves them (its port is bound early in its start), so
+    every attempt made meanwhile is answered in the same instant: one per agent instead of one
+    per watch, the rest spread."""
+
+    def __init__(self) -> None:
+        self.down = False
+        self.prober: _Watch | None = None
+        self._changed = trio.Event()
+
+    def _fire(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def went_down(self, w: _Watch) -> None:
+        """``w`` could not reach the server (its stream broke, a connect failed)."""
+        self.down = True
+        if self.prober is None:
+            self.prober = w
+
+    def answered(self) -> None:
+        """The server answered a request of one of the watches (any status)."""
+        if self.down:
+            self.down, self.prober = False, None
+            self._fire()
+
+    def leave(self, w: _Watch) -> None:
+        if self.prober is w:
+            self.prober = None
+            self._fire()
+
+    async def turn(self, w: _Watch, spread: float, rng: random.Random) -> None:
+        """Wait until ``w`` may try to reach the server."""
+        if spread <= 0:
+            return
+        while self.down and self.prober is not w:
+            if self.prober is None:
+                self.prober = w  # the prober left: this one takes over
+                return
+            changed = self._changed
+            await changed.wait()
+            if not self.down:
+                await trio.sleep(rng.uniform(0, spread))
+                return
+
+
+# The gate of each client's watches (a client is one agent's connection to its apiserver).
+_GATES: weakref.WeakKeyDictionary[KubeClient, _ReconnectGate] = weakref.WeakKeyDictionary()
+
+
 class _Watch:
     def __init__(
         self,
@@ -227,6 +282,7 @@ class _Watch:
         self.forbidden_in_a_row = 0
         # A streaming list's initial events, split from the watch at its end bookmark.
         self._initial: _InitialEvents | None = None
+        self.gate = _GATES.setdefault(client, _ReconnectGate())
         # (Trio clock) from when the server may close the current watch for its timeoutSeconds:
         # a close before that is the server going away, not the routine end of a watch.
         self.closes_from = 0.0
@@ -249,6 +305,7 @@ class _Watch:
             label_selector=req.label_selector,
             field_selector=req.field_selector,
         ):
+            self.gate.answered()
             await self.sink.list_page(page.body)
             rv = page.resource_version
         if not rv:
@@ -287,6 +344,8 @@ class _Watch:
                 raise self._list_failure(exc) from exc
             return "decode_error"
         except (httpx.TransportError, errors.KubeError) as exc:
+            if isinstance(exc, errors.ApiError):
+                self.gate.answered()
             if self.listing:
                 raise self._list_failure(exc) from exc
             return self._watch_failure(exc)
@@ -321,6 +380,7 @@ class _Watch:
             read_timeout=self.options.inactivity_timeout,
             resource=self.label,
         ) as resp:
+            self.gate.answered()
             self.forbidden_in_a_row = 0
             self._initial = None
             if rv is None:
@@ -454,49 +514,63 @@ async def run_watch(
     backoff = Backoff(
         *client.watch_options.backoff, jitter=Jitter.below(0.5), random=client.rng.random
     )
-    while True:
-        try:
-            if w.rv is None and not w.streaming:
-                await w.relist()
-            # A streaming list (rv None) goes on as the watch once its end bookmark came.
-            reason = await w.stream_once(w.rv)
-        except errors.Forbidden:
-            raise
-        except UnsupportedStreamingList as exc:
-            WATCH_STREAMING_LISTS.labels(w.label, "unsupported").inc()
-            log.warning(
-                "streaming list not supported by the server: listing with LIST",
-                resource=w.label,
-                error=str(exc),
-            )
-            w.streaming = False
-            continue
-        except (errors.ApiError, errors.TransportError, errors.CredentialError) as exc:
-            delay = backoff.next()
-            if isinstance(exc, errors.ApiError) and exc.retry_after is not None:
-                delay = min(exc.retry_after, client.max_retry_after)
-            log.warning("list failed", resource=w.label, error=str(exc), retry_in=delay)
-            if isinstance(sink, ListFailureSink):
-                sink.list_failed(exc, delay)
-            await trio.sleep(delay)
-            continue
-        WATCH_RESTARTS.labels(w.label, reason).inc()
-        if w.rv is None and isinstance(sink, GapSink):
-            sink.events_missing(reason)
-        if w.healthy:
-            # The stream delivered events or bookmarks: the server was fine. After the routine
-            # close at its timeoutSeconds, resume at once. After a break, resume within a random
-            # part of the spread: an apiserver restart breaks every agent's watches at once, and
-            # their reconnects would all land on the new process the moment it serves.
-            backoff.reset()
-            spread = client.watch_options.reconnect_spread
-            if spread <= 0 or (reason == "closed" and trio.current_time() >= w.closes_from):
-                await trio.lowlevel.checkpoint()
-            else:
-                await trio.sleep(client.rng.uniform(0, spread))
-            continue
+    spread = client.watch_options.reconnect_spread
+    try:
+        while True:
+            await w.gate.turn(w, spread, client.rng)
+            await _attempt(w, client, sink, backoff, spread)
+    finally:
+        w.gate.leave(w)
+
+
+async def _attempt(
+    w: _Watch, client: KubeClient, sink: WatchSink, backoff: Backoff, spread: float
+) -> None:
+    """One (re)list or watch of `run_watch`, then the wait before the next."""
+    try:
+        if w.rv is None and not w.streaming:
+            await w.relist()
+        # A streaming list (rv None) goes on as the watch once its end bookmark came.
+        reason = await w.stream_once(w.rv)
+    except errors.Forbidden:
+        raise
+    except UnsupportedStreamingList as exc:
+        WATCH_STREAMING_LISTS.labels(w.label, "unsupported").inc()
+        log.warning(
+            "streaming list not supported by the server: listing with LIST",
+            resource=w.label,
+            error=str(exc),
+        )
+        w.streaming = False
+        return
+    except (errors.ApiError, errors.TransportError, errors.CredentialError) as exc:
+        if isinstance(exc, errors.TransportError):
+            w.gate.went_down(w)
         delay = backoff.next()
-        if w.retry_after is not None:
-            delay = min(w.retry_after, client.max_retry_after)
-        log.debug("watch restart", resource=w.label, reason=reason, retry_in=delay)
+        if isinstance(exc, errors.ApiError) and exc.retry_after is not None:
+            delay = min(exc.retry_after, client.max_retry_after)
+        log.warning("list failed", resource=w.label, error=str(exc), retry_in=delay)
+        if isinstance(sink, ListFailureSink):
+            sink.list_failed(exc, delay)
         await trio.sleep(delay)
+        return
+    WATCH_RESTARTS.labels(w.label, reason).inc()
+    if w.rv is None and isinstance(sink, GapSink):
+        sink.events_missing(reason)
+    if reason in ("broken", "connect"):
+        w.gate.went_down(w)
+    if w.healthy:
+        # The stream delivered events or bookmarks: the server was fine. After the routine
+        # close at its timeoutSeconds, resume at once. After a break, resume within a random
+        # part of the spread: an apiserver restart breaks every agent's watches at once.
+        backoff.reset()
+        if spread <= 0 or (reason == "closed" and trio.current_time() >= w.closes_from):
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.sleep(client.rng.uniform(0, spread))
+        return
+    delay = backoff.next()
+    if w.retry_after is not None:
+        delay = min(w.retry_after, client.max_retry_after)
+    log.debug("watch restart", resource=w.label, reason=reason, retry_in=delay)
+    await trio.sleep(delay)
