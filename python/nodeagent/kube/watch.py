@@ -204,12 +204,14 @@ class UnsupportedStreamingList(errors.KubeError):
 
 
 class _ReconnectGate:
-    """The watches of one client while the apiserver does not answer: one of them (the prober)
-    goes on trying with its backoff, the others wait; once the server answers anything, each
-    of them reconnects after a random 0..``reconnect_spread`` s. An apiserver accepts
-    connections for seconds before it serves them (its port is bound early in its start), so
-    every attempt made meanwhile is answered in the same instant: one per agent instead of one
-    per watch, the rest spread."""
+    """The watches of one client while the apiserver does not serve: one of them (the prober)
+    goes on trying with its backoff, the others wait; once the server serves it (a watch opened,
+    or an answer other than 403, 429 and 5xx: a restarted apiserver refuses with those until its
+    authorizer and priority levels are ready), each of them reconnects after a random
+    0..``reconnect_spread`` s, and after the watch backoff's maximum at the latest. An apiserver
+    accepts connections for seconds before it serves them (its port is bound early in its
+    start), so every attempt made meanwhile is answered in the same instant: one per agent
+    instead of one per watch, the rest spread."""
 
     def __init__(self) -> None:
         self.down = False
@@ -227,7 +229,7 @@ class _ReconnectGate:
             self.prober = w
 
     def answered(self) -> None:
-        """The server answered a request of one of the watches (any status)."""
+        """The server served a request of one of the watches."""
         if self.down:
             self.down, self.prober = False, None
             self._fire()
@@ -237,19 +239,21 @@ class _ReconnectGate:
             self.prober = None
             self._fire()
 
-    async def turn(self, w: _Watch, spread: float, rng: random.Random) -> None:
-        """Wait until ``w`` may try to reach the server."""
+    async def turn(self, w: _Watch, spread: float, rng: random.Random, most: float) -> None:
+        """Wait until ``w`` may try to reach the server (``most`` seconds at the most: a prober
+        refused for long, say by one resource's failing webhook, holds no one back for ever)."""
         if spread <= 0:
             return
-        while self.down and self.prober is not w:
-            if self.prober is None:
-                self.prober = w  # the prober left: this one takes over
-                return
-            changed = self._changed
-            await changed.wait()
-            if not self.down:
-                await trio.sleep(rng.uniform(0, spread))
-                return
+        with trio.move_on_after(most):
+            while self.down and self.prober is not w:
+                if self.prober is None:
+                    self.prober = w  # the prober left: this one takes over
+                    return
+                changed = self._changed
+                await changed.wait()
+                if not self.down:
+                    await trio.sleep(rng.uniform(0, spread))
+                    return
 
 
 # The gate of each client's watches (a client is one agent's connection to its apiserver).
@@ -344,7 +348,7 @@ class _Watch:
                 raise self._list_failure(exc) from exc
             return "decode_error"
         except (httpx.TransportError, errors.KubeError) as exc:
-            if isinstance(exc, errors.ApiError):
+            if isinstance(exc, errors.ApiError) and exc.code < 500 and exc.code not in (403, 429):
                 self.gate.answered()
             if self.listing:
                 raise self._list_failure(exc) from exc
@@ -517,7 +521,7 @@ async def run_watch(
     spread = client.watch_options.reconnect_spread
     try:
         while True:
-            await w.gate.turn(w, spread, client.rng)
+            await w.gate.turn(w, spread, client.rng, client.watch_options.backoff[1])
             await _attempt(w, client, sink, backoff, spread)
     finally:
         w.gate.leave(w)
