@@ -18,7 +18,7 @@ import trio
 
 from nodeagent.kube import CONFIGMAPS, KubeClient, WatchOptions, WatchRequest, run_watch
 from nodeagent.kube.kubeconfig import ClusterConfig
-from tests.support.fake_http_apiserver import line, obj, status
+from tests.support.fake_http_apiserver import line, obj
 from tests.support.wait import wait_until
 from tests.unit.kube.test_kube_gzip_bodies import end_bookmark
 from tests.unit.kube.test_kube_streaming_list import Sink
@@ -31,20 +31,14 @@ class Apiserver:
     """Streaming lists that deliver, then stay open until ``restart`` breaks them all at once
     (or, ``close_on_time``, until the watch's timeoutSeconds, then a clean end). From the
     restart every connection is refused (each attempt recorded in ``refused``) until
-    ``serving``, then (``forbidding``) answered 403 as an apiserver whose authorizer is not ready
-    (recorded in ``forbidden``) until ``authorizing``; then each watch's first request is
-    recorded with its time and left open."""
+    ``serving``; then each watch's first request is recorded with its time and left open."""
 
-    def __init__(self, *, close_on_time: bool = False, forbidding: bool = False) -> None:
+    def __init__(self, *, close_on_time: bool = False) -> None:
         self.restart = trio.Event()
         self.serving = trio.Event()
-        self.authorizing = trio.Event()
-        if not forbidding:
-            self.authorizing.set()
         self.close_on_time = close_on_time
         self.first: dict[str, float] = {}
         self.refused: list[str] = []
-        self.forbidden: list[str] = []
         self.again: dict[str, float] = {}
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
@@ -53,9 +47,6 @@ class Apiserver:
             if self.restart.is_set() and not self.serving.is_set():
                 self.refused.append(name)
                 raise httpx.ConnectError("connection refused")
-            if not self.authorizing.is_set():
-                self.forbidden.append(name)
-                return status(403, "Forbidden", "RBAC: not ready")
             self.again.setdefault(name, trio.current_time())
             return httpx.Response(200, content=_silent())
         self.first[name] = trio.current_time()
@@ -120,30 +111,6 @@ def client_of(server: Apiserver) -> KubeClient:
         rng=random.Random(7),
         burst=1000,
     )
-
-
-async def test_the_others_wait_until_the_server_serves_not_only_answers(
-    autojump_clock: Any,
-) -> None:
-    """A restarted apiserver answers 403 until its authorizer is ready: that is no sign to send
-    every watch at it."""
-    server = Apiserver(forbidding=True)
-    client = client_of(server)
-    sinks = {f"ns{i}": Sink() for i in range(WATCHES)}
-    async with client, trio.open_nursery() as nursery:
-        for ns, sink in sinks.items():
-            nursery.start_soon(run_watch, client, WatchRequest(CONFIGMAPS, ns), sink)
-        await wait_until(lambda: all(s.lists_ended for s in sinks.values()), "every watch listed")
-        server.restart.set()
-        await wait_until(lambda: server.refused, "attempts while the server is down")
-        server.serving.set()
-        await wait_until(lambda: len(server.forbidden) >= 2, "attempts refused with 403")
-        server.authorizing.set()
-        await wait_until(
-            lambda: len(server.again) == WATCHES, "every watch reconnected", timeout=120
-        )
-        nursery.cancel_scope.cancel()
-    assert len(set(server.refused + server.forbidden)) == 1
 
 
 async def test_a_prober_failing_for_long_holds_the_others_back_only_so_long(
