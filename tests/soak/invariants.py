@@ -24,7 +24,10 @@ from typing import Any
 from tests.soak.world import MANAGED_BY, NODES, SLICE_MAX, ApiDown, Plugin, World
 
 # The bounds (docs/testing/soak.md explains each).
-SETTLE_BOUND = 60.0  # seconds for the world to converge after an event
+# Seconds for the world to converge once an event is done (the apiserver serving again after
+# its restart; an agent READY after its own): a watch waits up to 30 s for a restarted apiserver
+# (issue 29 item 15's spread reconnects), then relists, then the agent acts on what it read.
+SETTLE_BOUND = 60.0
 DISCONNECT_GRACE = 2.0  # resources.disconnect_grace in world.SETTINGS
 STARTUP_GRACE = 3.0  # resources.startup_grace in world.SETTINGS
 CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
