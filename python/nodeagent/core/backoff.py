@@ -5,7 +5,9 @@ jitter factor drawn uniformly from ``[jitter.low, jitter.high]`` (the result cap
 that clients failing together do not retry together. What differs between the users is only
 the parameters:
 
-- kube requests and watches: `Jitter.below(0.5)` (0.2 .. 5 s and 0.5 .. 30 s by default);
+- kube requests and watches: `Jitter.below(0.5)` (0.2 .. 5 s and 0.5 .. 30 s by default); a
+  watch that had listed fine and is refused (403, 429, 5xx) retries with full jitter
+  (`Backoff.next_full`);
 - plugin streams: the first retry at once, then `Jitter.below(0.5)` (1 .. 180 s);
 - plugin registration, as the kubelet's operation executor: no jitter (0.5 .. 122 s);
 - component restarts: `Jitter.around(0.2)`, failures counted by the supervisor (0.5 .. 60 s);
@@ -108,6 +110,13 @@ class Backoff:
         """Count one more failure; the delay before the next attempt."""
         self.failures += 1
         return self.delay(self.failures)
+
+    def next_full(self) -> float:
+        """Count one more failure; the delay before the next attempt drawn uniformly from
+        [0, its un-jittered value] ("full jitter"): clients refused in the same instant retry
+        spread over the whole step, not only over its jittered part."""
+        self.failures += 1
+        return self.base(self.failures) * self._random()
 
     def reset(self) -> None:
         """A success: the next failure starts from the beginning again."""

@@ -239,6 +239,21 @@ class _ReconnectGate:
             self.prober = None
             self._fire()
 
+    async def pause(self, w: _Watch, delay: float, spread: float, rng: random.Random) -> None:
+        """The backoff ``delay`` of ``w`` after the server could not be reached, cut short once
+        it answers (then a random 0..``spread`` s, as the waiting watches). The prober waits
+        ``spread`` s at most: with its backoff grown to 15..30 s in a long outage, a server
+        serving again went unnoticed for as long (the soak: a config applied 41 s after)."""
+        if spread <= 0:
+            await trio.sleep(delay)
+            return
+        if self.prober is w:
+            delay = min(delay, spread)
+        with trio.move_on_after(delay):
+            while self.down:
+                await self._changed.wait()
+            await trio.sleep(rng.uniform(0, spread))
+
     async def turn(self, w: _Watch, spread: float, rng: random.Random, most: float) -> None:
         """Wait until ``w`` may try to reach the server (``most`` seconds at the most: a prober
         refused for long, say by one resource's failing webhook, holds no one back for ever)."""
@@ -556,7 +571,10 @@ async def _attempt(
         log.warning("list failed", resource=w.label, error=str(exc), retry_in=delay)
         if isinstance(sink, ListFailureSink):
             sink.list_failed(exc, delay)
-        await trio.sleep(delay)
+        if isinstance(exc, errors.TransportError):
+            await w.gate.pause(w, delay, spread, client.rng)
+        else:
+            await trio.sleep(delay)
         return
     WATCH_RESTARTS.labels(w.label, reason).inc()
     if w.rv is None and isinstance(sink, GapSink):
@@ -573,8 +591,15 @@ async def _attempt(
         else:
             await trio.sleep(client.rng.uniform(0, spread))
         return
-    delay = backoff.next()
+    # Refused (403 while a restarted apiserver's authorizer warms up, 429, 5xx): every agent
+    # refused in the same second would retry in the same second on the jittered backoff (its
+    # lower half is never drawn), so draw from the whole step.
+    refused = reason in ("forbidden", "http_error")
+    delay = backoff.next_full() if refused else backoff.next()
     if w.retry_after is not None:
         delay = min(w.retry_after, client.max_retry_after)
     log.debug("watch restart", resource=w.label, reason=reason, retry_in=delay)
-    await trio.sleep(delay)
+    if reason in ("broken", "connect"):
+        await w.gate.pause(w, delay, spread, client.rng)
+    else:
+        await trio.sleep(delay)

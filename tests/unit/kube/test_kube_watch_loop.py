@@ -139,7 +139,8 @@ async def test_backoff_grows_on_failing_watches_and_resets_after_healthy_stream(
     gaps = [b - a for a, b in itertools.pairwise(times)]
     bases = [0.5, 1, 2, 4, 8]
     for gap, base in zip(gaps[:5], bases, strict=True):
-        assert base / 2 <= gap <= base
+        # A refused watch (5xx) retries with full jitter: anywhere in [0, the step].
+        assert 0 <= gap <= base
     assert gaps[5] == 0  # after a healthy stream: reconnect at once...
     assert gaps[6] <= 0.5  # ...and the backoff starts over
     assert len(fake.lists) == 1

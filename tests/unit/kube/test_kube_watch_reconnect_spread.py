@@ -18,7 +18,7 @@ import trio
 
 from nodeagent.kube import CONFIGMAPS, KubeClient, WatchOptions, WatchRequest, run_watch
 from nodeagent.kube.kubeconfig import ClusterConfig
-from tests.support.fake_http_apiserver import line, obj
+from tests.support.fake_http_apiserver import line, obj, status
 from tests.support.wait import wait_until
 from tests.unit.kube.test_kube_gzip_bodies import end_bookmark
 from tests.unit.kube.test_kube_streaming_list import Sink
@@ -149,3 +149,102 @@ async def test_a_watch_closed_at_its_timeout_resumes_at_once(autojump_clock: Any
         nursery.cancel_scope.cancel()
     assert server.again.keys() == server.first.keys() == {"ns0"}, (server.first, server.again)
     assert server.again["ns0"] - server.first["ns0"] == 60.0
+
+
+class RefusingApiserver:
+    """Streaming lists that deliver and stay open until ``refuse``; then the watches end and
+    each one resumed from its resourceVersion is answered 403 twice (a restarted apiserver whose
+    authorizer is not ready yet), each refusal recorded with its time, then served."""
+
+    def __init__(self) -> None:
+        self.refuse = trio.Event()
+        self.listed: set[str] = set()
+        self.refusals: dict[str, list[float]] = {}
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        name = request.url.path.rsplit("/", 2)[-2]
+        if name not in self.listed:
+            self.listed.add(name)
+            return httpx.Response(200, content=self._stream())
+        refusals = self.refusals.setdefault(name, [])
+        if len(refusals) == 2:  # then it serves (a third refusal would relist)
+            return httpx.Response(200, content=_silent())
+        refusals.append(trio.current_time())
+        return status(403, "Forbidden", "authorizer not ready")
+
+    async def _stream(self) -> AsyncIterator[bytes]:
+        yield line("ADDED", obj("a", "5")) + end_bookmark("10")
+        await self.refuse.wait()
+
+
+async def test_watches_refused_together_retry_spread_over_the_whole_bound(
+    autojump_clock: Any,
+) -> None:
+    """Watches that had listed fine and are all refused (403) in the same instant retry with
+    full jitter: anywhere in [0, the backoff's bound], not all in its upper half (100 agents:
+    the refusals of one second came back in one second)."""
+    server = RefusingApiserver()
+    client = KubeClient(
+        ClusterConfig(server="http://kube.test"),
+        transport=httpx.MockTransport(server),
+        # No reconnect spread: every watch is refused in the same instant.
+        watch=WatchOptions(streaming_list="on", reconnect_spread=0.0, backoff=(0.5, 30.0)),
+        rng=random.Random(7),
+        burst=1000,
+    )
+    sinks = {f"ns{i}": Sink() for i in range(WATCHES)}
+    async with client, trio.open_nursery() as nursery:
+        for ns, sink in sinks.items():
+            nursery.start_soon(run_watch, client, WatchRequest(CONFIGMAPS, ns), sink)
+        await wait_until(lambda: all(s.lists_ended for s in sinks.values()), "every watch listed")
+        server.refuse.set()
+        await wait_until(
+            lambda: (
+                len(server.refusals) == WATCHES
+                and all(len(r) >= 2 for r in server.refusals.values())
+            ),
+            "every watch refused twice",
+        )
+        nursery.cancel_scope.cancel()
+    firsts = {r[0] for r in server.refusals.values()}
+    assert len(firsts) == 1, firsts  # refused together
+    delays = sorted(r[1] - r[0] for r in server.refusals.values())
+    assert delays[-1] <= 0.5  # the bound (the first backoff step) holds
+    # Over the whole bound: some retry in its first quarter, some in its last.
+    assert delays[0] < 0.125 and delays[-1] > 0.375, delays
+    per_tenth = [sum(1 for d in delays if s / 10 <= d < (s + 1) / 10) for s in range(5)]
+    assert max(per_tenth) <= WATCHES // 3, per_tenth
+
+
+async def test_a_prober_backed_off_for_long_tries_again_within_the_spread(
+    autojump_clock: Any,
+) -> None:
+    """The soak's 41 s: after a long outage the prober's backoff had grown to 15..30 s and the
+    others waited up to 30 s each, so a server serving again went unnoticed for up to ~30 s.
+    While the server does not answer the prober tries at least every ``reconnect_spread`` s,
+    so once it serves every watch is back within two spreads."""
+    server = Apiserver()
+    client = client_of(server)
+    sinks = {f"ns{i}": Sink() for i in range(4)}
+    async with client, trio.open_nursery() as nursery:
+        for ns, sink in sinks.items():
+            nursery.start_soon(run_watch, client, WatchRequest(CONFIGMAPS, ns), sink)
+        await wait_until(lambda: all(s.lists_ended for s in sinks.values()), "every watch listed")
+        broke_at = trio.current_time()
+        server.restart.set()
+        seen = len(server.refused)
+        # Serve right after an attempt refused long into the outage (backoffs grown).
+        await wait_until(
+            lambda: trio.current_time() - broke_at >= 120 and len(server.refused) > seen,
+            "an attempt refused two minutes into the outage",
+            timeout=300,
+        )
+        served_at = trio.current_time()
+        server.serving.set()
+        await wait_until(
+            lambda: len(server.again) == len(sinks), "every watch reconnected", timeout=120
+        )
+        nursery.cancel_scope.cancel()
+    assert max(server.again.values()) - served_at <= 2 * SPREAD, sorted(
+        t - served_at for t in server.again.values()
+    )
