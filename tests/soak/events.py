@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nodeagent.dynconfig.overlay import config_hash
+from tests.soak.crash_agent import CRASH_RANGE
 from tests.soak.invariants import (
     CRASHLOOP_RESTARTS,
     FOREIGN,
@@ -178,6 +180,20 @@ def config_invalid(inv: Invariants, rng: random.Random) -> str:
     return f"NodeAgentConfig {NAC_NAME} invalid ({kind}): {config}"
 
 
+def config_crash(inv: Invariants, rng: random.Random) -> str:
+    """A config that makes the agent exit during its trial (tests/soak/crash_agent.py: a
+    plugins.scan_interval in CRASH_RANGE): the soak restarts the agent, as systemd would, and
+    the agent must roll the config back at that start and name it on the Node condition."""
+    marker = round(CRASH_RANGE[0] + 0.0002 * (inv.step % 500), 4)
+    config: dict[str, object] = {"plugins": {"scan_interval": marker}}
+    _put_config(inv, config)
+    digest = config_hash(config)
+    inv.model.target, inv.model.marker = "crash", marker
+    inv.model.crash_hashes[marker] = digest
+    inv.model.hashes[digest] = marker
+    return f"NodeAgentConfig {NAC_NAME} crash-inducing (hash {digest}): {config}"
+
+
 def config_delete(inv: Invariants, rng: random.Random) -> str:
     status, got = inv.world.admin("DELETE", f"{NAC_PATH}/{NAC_NAME}")
     if status not in (200, 202):
@@ -241,6 +257,7 @@ TABLE = (
     Event("apiserver_restart", 1, lambda inv: True, apiserver_restart),
     Event("config_good", 3, lambda inv: True, config_good),
     Event("config_invalid", 1, lambda inv: True, config_invalid),
+    Event("config_crash", 1, lambda inv: True, config_crash),
     Event("config_delete", 1, lambda inv: inv.model.target is not None, config_delete),
     Event("node_recreate", 1, lambda inv: True, node_recreate),
     Event("foreign_create", 1, lambda inv: inv.model.foreign_rv is None, foreign_create),

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.soak.crash_agent import CRASH_EXIT
 from tests.soak.world import MANAGED_BY, NODES, SLICE_MAX, ApiDown, Plugin, World
 
 # The bounds (docs/testing/soak.md explains each).
@@ -36,6 +37,7 @@ FD_GROWTH = 32  # open files above an agent's baseline, sustained over five samp
 BASELINE_AFTER = 20.0  # seconds after READY before an agent's baseline sample
 WRITES_BASE = 20  # writes per minute with no event
 WRITES_PER_EVENT = 6  # writes per minute each event of the minute (or the one before) may add
+CRASH_INVARIANT = "a bad config is rolled back within its bound, named on the Node condition"
 LOCAL_SCAN = 0.2  # plugins.scan_interval of the local config (world.SETTINGS)
 FOREIGN = "soak-foreign"
 
@@ -44,7 +46,7 @@ FOREIGN = "soak-foreign"
 class Model:
     """What the soak did, the expectation the invariants compare against."""
 
-    target: str | None = None  # "good" or "invalid": the NodeAgentConfig for node-a
+    target: str | None = None  # "good", "invalid" or "crash": the NodeAgentConfig for node-a
     marker: float = LOCAL_SCAN  # its plugins.scan_interval (good and invalid ranges disjoint)
     invalid_markers: set[float] = field(default_factory=set)
     # The good config assigned last, and the one the agent was last seen running on trial: the
@@ -63,6 +65,11 @@ class Model:
     clean_stops: Counter[float] = field(default_factory=Counter)
     rolled_back: set[float] = field(default_factory=set)
     foreign_rv: str | None = None  # the foreign slice's resourceVersion while it exists
+    # Crash-inducing configs (tests/soak/crash_agent.py): marker -> config hash, and how often
+    # each made the agent exit (once: it dies during its trial and is rolled back at the start
+    # after; a second exit means the agent ran a config it had rolled back).
+    crash_hashes: dict[float, str] = field(default_factory=dict)
+    crash_exits: Counter[float] = field(default_factory=Counter)
 
 
 @dataclass
@@ -80,6 +87,24 @@ class AgentRecord:
     baseline: Sample | None = None
     writes: float = 0.0
     rollback_seen: bool = False
+
+
+def crash_difference(
+    marker: float, hash_: str, scan: float, cond: dict[str, Any] | None
+) -> list[str]:
+    """Why a crash-inducing config is not yet rolled back and named on the Node condition
+    (empty: it is): the agent must not run it, and the condition must be `RolledBack` naming
+    its hash."""
+    out = []
+    if scan == marker:
+        out.append(f"node-a: runs the crash-inducing config {marker}")
+    reason, message = (cond or {}).get("reason"), str((cond or {}).get("message"))
+    if reason != "RolledBack" or f"hash {hash_}" not in message:
+        out.append(
+            f"node-a: the Node condition says {reason}: {message}, want RolledBack naming the "
+            f"crash-inducing config {marker} (hash {hash_})"
+        )
+    return out
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -228,6 +253,10 @@ class Invariants:
             self.checks["no crash"] += 1
             if not agent.alive() and not agent.expected_exit:
                 code = agent.proc.returncode
+                if self._induced_crash(node, code):
+                    agent.expected_exit = True
+                    self.world.start_agent(node)  # as systemd restarts it
+                    continue
                 self.violation(
                     "no crash",
                     f"agent {node} (run {agent.run}) exited {code} unasked; log tail:\n"
@@ -249,6 +278,31 @@ class Invariants:
                     self._config_a()
             except (ApiDown, OSError, RuntimeError, ValueError, KeyError):
                 continue  # the apiserver or the agent restarting: not observable now
+
+    def _induced_crash(self, node: str, code: int | None) -> bool:
+        """The agent exited because the soak assigned it a crash-inducing config (its hook's
+        exit status and log line): expected once per such config, reported as a note; a
+        second exit on the same config is a violation (a rolled-back config ran again)."""
+        if node != "node-a" or code != CRASH_EXIT:
+            return False
+        found = re.findall(
+            r"soak-crash: plugins.scan_interval ([0-9.]+)", self.world.agents[node].log_tail()
+        )
+        if not found or float(found[-1]) not in self.model.crash_hashes:
+            return False
+        marker = float(found[-1])
+        self.model.crash_exits[marker] += 1
+        self.checks["a bad config is not run again"] += 1
+        if self.model.crash_exits[marker] > 1:
+            self.violation(
+                "a bad config is not run again",
+                f"agent {node} exited on the crash-inducing config {marker} "
+                f"(hash {self.model.crash_hashes[marker]}) {self.model.crash_exits[marker]} times: "
+                "it ran the config again after rolling it back",
+            )
+        else:
+            self.out(f"note: step {self.step}: agent {node} crashed on config {marker} (induced)")
+        return True
 
     def _resources(self, run: int, pid: int, ready_at: float) -> None:
         now = time.monotonic()
@@ -370,12 +424,15 @@ class Invariants:
             m = self.model.hashes.get(named.group(1) if named else "", self.model.last_good)
             if m is not None:
                 self.model.rolled_back.add(m)
-            allowed = m is not None and m in self.model.at_risk
+            # A crash-inducing config is rolled back by design, as is one the soak killed.
+            allowed = m is not None and (m in self.model.at_risk or m in self.model.crash_hashes)
             if allowed:
-                self.out(
-                    f"note: step {self.step}: config {m} rolled back after the soak killed the "
-                    f"agent during its trial (allowed): {said}"
+                why = (
+                    "it crashed the agent"
+                    if m in self.model.crash_hashes
+                    else "the soak killed the agent during its trial"
                 )
+                self.out(f"note: step {self.step}: config {m} rolled back, {why} (allowed): {said}")
             else:
                 self.violation(
                     "a good config is never rolled back",
@@ -434,6 +491,8 @@ class Invariants:
             elif model.target == "invalid":
                 if dyn.get("reason") != "ConfigInvalid":
                     out.append(f"{node}: {mine}, want ConfigInvalid")
+            elif model.target == "crash":
+                out += crash_difference(model.marker, model.crash_hashes[model.marker], scan, cond)
             elif model.marker in model.rolled_back:
                 if scan == model.marker:
                     out.append(f"{node}: runs the rolled-back config {scan} ({mine})")
@@ -452,13 +511,17 @@ class Invariants:
                 last = self.difference()
             except (ApiDown, OSError, RuntimeError, ValueError, KeyError) as exc:
                 last = [f"not observable: {exc}"]
+            name = "converges within the bound"
+            if self.model.target == "crash":
+                # Measured from the assignment, the crash and the restart it causes included.
+                name, start = CRASH_INVARIANT, since
             if not last:
-                self.checks["converges within the bound"] += 1
+                self.checks[name] += 1
                 return time.monotonic() - since
             if time.monotonic() - start > SETTLE_BOUND:
-                self.checks["converges within the bound"] += 1
+                self.checks[name] += 1
                 self.violation(
-                    "converges within the bound",
+                    name,
                     f"not converged {SETTLE_BOUND:g} s after the event: " + "; ".join(last),
                 )
                 return None

@@ -12,6 +12,7 @@ from tests.soak.invariants import (
     FOREIGN,
     Invariants,
     Model,
+    crash_difference,
     owner_difference,
     plugin_difference,
     pool_problems,
@@ -87,6 +88,15 @@ def test_writes_over_the_bound_are_a_violation() -> None:
     rows = inv.writes_per_minute()
     assert rows == [(0, 10_000, 0)]
     assert len(inv.violations) == 1 and "--seed 7" in lines[0], lines
+
+
+def test_a_crash_inducing_config_not_rolled_back_is_seen() -> None:
+    named = {"reason": "RolledBack", "message": "NodeAgentConfig soak (hash abc) rolled back"}
+    assert crash_difference(0.9, "abc", 0.3, named) == []
+    assert crash_difference(0.9, "abc", 0.9, named)  # still running it
+    assert crash_difference(0.9, "abc", 0.3, None)  # no condition
+    assert crash_difference(0.9, "abc", 0.3, {**named, "reason": "Active"})
+    assert crash_difference(0.9, "def", 0.3, named)  # another config named
 
 
 def test_seeded_soak(tmp_path: Path) -> None:

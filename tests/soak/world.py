@@ -24,7 +24,7 @@ from typing import Any
 import trio
 
 from tests.integration.conftest import client_for
-from tests.process.conftest import NotifyListener, nodeagent_command
+from tests.process.conftest import NotifyListener
 from tests.support.apiserver import ApiServer, start_apiserver
 from tests.support.crds import REPO_ROOT, apply_manifest
 from tests.support.faultproxy import FaultProxy
@@ -170,8 +170,14 @@ class Agent:
         for s in SETTINGS:
             args += ["--set", s]
         with self.log.open("w") as err:
+            # The agent with the soak's crash hook (tests/soak/crash_agent.py): a config in its
+            # range makes it exit, as a config that crashes a real agent does.
             self.proc = subprocess.Popen(
-                nodeagent_command(*args), env=env, stdout=subprocess.DEVNULL, stderr=err
+                [sys.executable, "-m", "tests.soak.crash_agent", *args],
+                env=env,
+                cwd=REPO_ROOT,
+                stdout=subprocess.DEVNULL,
+                stderr=err,
             )
 
     def wait_ready(self, timeout: float = 60) -> None:
