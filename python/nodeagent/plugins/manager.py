@@ -183,7 +183,7 @@ class PluginManager:
             return False, describe("a plugin unreachable", worst, now, bound, len(lapses) - 1)
         states = [r.state for r in self._caches.records.values()]
         registered = states.count(PluginState.REGISTERED)
-        stale = self._stale_sockets()
+        stale = self._caches.stale_sockets()
         failing = len(states) - registered - len(stale)
         # Drivers that publish their own slices: registered, yet nothing is published for them.
         own = sum(
@@ -204,23 +204,15 @@ class PluginManager:
 
     def _unreachable_now(self) -> dict[str, str]:
         """Plugin sockets the agent cannot reach now, by socket, with why: registration
-        failing, probes failing, or the plugin's stream down (backing off). Not a `STALE`
-        socket: nobody listens on it, its plugin left (a file the agent does not own and cannot
-        mend must not keep the node's agent not ready, nor roll a config on trial back)."""
-        out: dict[str, str] = {}
+        failing, probes failing (`Caches.unreachable`, never a `STALE` socket), or the plugin's
+        stream down (backing off)."""
+        out = self._caches.unreachable()
         for r in self._caches.records.values():
-            who = r.name or r.socket
-            if r.state is PluginState.FAILED or (
-                r.state is PluginState.REGISTERING and r.last_error
-            ):
-                out[r.socket] = f"{who}: {r.last_error or 'registration failing'}"
-            elif r.state is PluginState.REGISTERED:
-                if r.probe_failures:
-                    out[r.socket] = f"{who}: {r.probe_failures} probes failed in a row"
-                    continue
+            if r.state is PluginState.REGISTERED and r.socket not in out:
                 # Without the last message: this runs at every heartbeat.
                 stream = self._stream_status(r.plugin_type, r.name, r.socket, message=False)
                 if stream.get("stream_state") == "backoff":
+                    who = r.name or r.socket
                     out[r.socket] = f"{who}: stream down: {stream.get('stream_error') or '?'}"
         return out
 
@@ -246,13 +238,8 @@ class PluginManager:
         self._changed()
 
     def _changed(self) -> None:
-        metrics.STALE_SOCKETS.set(len(self._stale_sockets()))
+        metrics.STALE_SOCKETS.set(len(self._caches.stale_sockets()))
         self.changes.set(None)
-
-    def _stale_sockets(self) -> list[str]:
-        return sorted(
-            r.socket for r in self._caches.records.values() if r.state is PluginState.STALE
-        )
 
     def _seen(self) -> Mapping[str, SocketIdentity]:
         return self._watcher.seen  # looked up each time: every scan replaces the mapping

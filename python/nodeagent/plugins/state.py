@@ -348,6 +348,28 @@ class Caches:
         self.desired.remove(probed.socket)
         return ProbeVerdict.DROPPED
 
+    # -- readiness (the manager) -------------------------------------------------------------
+
+    def unreachable(self) -> dict[str, str]:
+        """Sockets whose plugin the agent cannot reach now by the records alone, by socket,
+        with why: registration failing or probes failing (the manager adds streams down). Not a
+        `STALE` socket: nobody listens on it, its plugin left (a file the agent does not own
+        and cannot mend must not keep the agent not ready, nor roll a config on trial back)."""
+        out: dict[str, str] = {}
+        for r in self.records.values():
+            who = r.name or r.socket
+            if r.state is PluginState.FAILED or (
+                r.state is PluginState.REGISTERING and r.last_error
+            ):
+                out[r.socket] = f"{who}: {r.last_error or 'registration failing'}"
+            elif r.state is PluginState.REGISTERED and r.probe_failures:
+                out[r.socket] = f"{who}: {r.probe_failures} probes failed in a row"
+        return out
+
+    def stale_sockets(self) -> list[str]:
+        """The sockets shown `STALE` (nobody listens on them), sorted."""
+        return sorted(r.socket for r in self.records.values() if r.state is PluginState.STALE)
+
     def socket_refused(self, record: PluginRecord, what: str = "") -> None:
         """`record`'s socket refused a connection: nobody listens on it, the plugin left it
         behind. Not deleted (the agent does not own it); shown `STALE` with its path."""
