@@ -1,8 +1,10 @@
 """A model-based test of plugin registration: Hypothesis drives the synchronous core the manager's
 async pieces call (`state.DesiredState.follow_scan` for the watcher, `state.operations` for the
 reconciler, `Caches.registration_*` and `retry_at` for the executor, `Caches.probe_result` for
-the monitor) through any interleaving of socket files created, removed and recreated at the same
-path, plugins crashing, scans, reconciler passes, registrations and unregistrations ending, and
+the monitor, `Caches.unreachable` and `stale_sockets` for readiness) through any interleaving of
+socket files created, removed and recreated at the same path, plugins crashing (hung) or killed
+(their socket left behind, refusing connections: issue 29 item 1's stale sockets) and coming
+back on the same path, scans, reconciler passes, registrations and unregistrations ending, and
 probes started and answered late, after the world they probed changed. After every step the
 invariants below are checked.
 
@@ -10,6 +12,11 @@ The test owns what the async shell owns: which operations and probes are in flig
 clock. A probe's result is what the plugin it reached would answer: a plugin that is still the
 one at the path and answers makes the probe succeed; for a crashed plugin it fails; a probe of a
 socket recreated or removed meanwhile may have reached either process, so its result is free.
+A killed plugin's socket refuses connections, so every probe and registration of it is refused;
+the model expects such a socket `STALE` exactly when the last attempt on its generation was
+refused (a registration, or the probe that made the monitor drop it), never counted against
+readiness, and the plugin registered again once it binds the path anew. (That the agent never
+deletes the file is outside this core, which touches no files: tests/plugins/test_stale_socket.py.)
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class SocketFile:
 
     identity: SocketIdentity
     answers: bool = True  # False once the plugin crashed (its socket file stays)
+    refuses: bool = False  # the plugin was killed: nobody listens, connections are refused
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,8 @@ class RegistrationModel(RuleBasedStateMachine):
         self.expected_retry: dict[int, float] = {}
         self.identity_of: dict[int, SocketIdentity] = {}  # each generation's socket file
         self.probe_failures = 2
+        # Per socket: the generation whose last attempt was refused (it must show STALE).
+        self.refused: dict[str, int] = {}
 
     @initialize(paths=st.sets(st.sampled_from(PATHS)), probe_failures=st.sampled_from([1, 2, 3]))
     def start(self, paths: set[str], probe_failures: int) -> None:
@@ -112,10 +122,67 @@ class RegistrationModel(RuleBasedStateMachine):
         if scan:
             self.scan()
 
-    @rule(path=st.sampled_from(PATHS))
-    def crash_plugin(self, path: str) -> None:
+    @rule(path=st.sampled_from(PATHS), probes=st.integers(0, 3))
+    def crash_plugin(self, path: str, probes: int) -> None:
+        """A hung plugin: its probes fail (time out) without being refused; then the monitor
+        probes it `probes` times at once."""
         if path in self.files:
             self.files[path].answers = False
+            self._monitor_probes(path, probes)
+
+    @rule(path=st.sampled_from(PATHS), probes=st.integers(0, 3))
+    def kill_plugin(self, path: str, probes: int) -> None:
+        """SIGKILL or an OOM kill: the process is gone, its socket file stays, refusing. Then
+        the monitor probes it `probes` times at once: after the probe failures in a row it is
+        deregistered (the reconciler's next pass) and shown stale."""
+        file = self.files.get(path)
+        if file is None:
+            return
+        file.answers, file.refuses = False, True
+        self._monitor_probes(path, probes)
+
+    def _monitor_probes(self, path: str, probes: int) -> None:
+        """The monitor probes the plugin registered at `path`, whose process (the file's) no
+        longer answers, `probes` times in a row: deregistered at the probe failures, stale if
+        its socket refuses."""
+        file = self.files[path]
+        for _ in range(probes):
+            registered = self.caches.actual.get(path)
+            if registered is None or path in self.busy:
+                return
+            record = self.caches.in_force(registered)
+            if record is None or self.identity_of[registered.generation] != file.identity:
+                return
+            failed_before = record.probe_failures
+            verdict = self._probe_ends(registered, False, file.refuses)
+            if failed_before + 1 < self.probe_failures:
+                assert verdict is ProbeVerdict.FAILED, verdict
+                continue
+            assert verdict is ProbeVerdict.DROPPED, verdict
+            expected = PluginState.STALE if file.refuses else PluginState.FAILED
+            assert record.state is expected, record
+            assert self.caches.desired.get(path) is None
+            return
+
+    @rule(path=st.sampled_from(PATHS), scan=st.booleans())
+    def plugin_returns(self, path: str, scan: bool) -> None:
+        """A killed plugin restarted: it binds the same path again (unlink and bind: a new
+        socket file, new inode and ctime). Once scanned, it registers again, stale no more."""
+        file = self.files.get(path)
+        if file is None or not file.refuses:
+            return
+        self.files[path] = SocketFile(_new_identity())
+        if not scan:
+            return
+        self.scan()
+        self.settle()
+        registered = self.caches.actual.get(path)
+        assert registered is not None, f"{path}: a plugin back on its path is not registered"
+        assert self.identity_of[registered.generation] == self.files[path].identity
+        record = self.caches.records[path]
+        assert record.state is PluginState.REGISTERED, record
+        assert path not in self.caches.stale_sockets()
+        event("a killed plugin back on its path")
 
     @rule()
     def scan(self) -> None:
@@ -182,6 +249,19 @@ class RegistrationModel(RuleBasedStateMachine):
         assert isinstance(op, Registering)
         wanted, record = op.wanted, op.record
         generation = wanted.generation
+        file = self.files.get(path)
+        if file is not None and file.identity == wanted.identity and file.refuses:
+            outcome = "refused"  # nobody listens: the connect is refused, whatever was drawn
+        if outcome == "refused":
+            self.caches.registration_failed(
+                record, "cannot connect", self.now, BACKOFF, refused=True
+            )
+            failures = self.failures[generation] = self.failures.get(generation, 0) + 1
+            self.expected_retry[generation] = self.now + BACKOFF.delay(failures)
+            self.refused[path] = generation
+            event("a killed plugin's registration refused")
+            return
+        self.refused.pop(path, None)
         if outcome == "ok":
             self.caches.actual.add(ActualPlugin(path, generation, "T", "p", path, ("v1",)))
             self.caches.registration_succeeded(record)
@@ -224,8 +304,17 @@ class RegistrationModel(RuleBasedStateMachine):
         same_process = file is not None and file.identity == self.identity_of[probed.generation]
         # Recreated or removed meanwhile, it may have reached the old process or the new one.
         ok = file.answers if same_process and file is not None else data.draw(st.booleans())
+        if same_process and file is not None:
+            refused = file.refuses
+        else:  # the old process (killed?), the new one (not listening yet?), or no file at all
+            refused = not ok and data.draw(st.booleans())
+        self._probe_ends(probed, ok, refused)
+
+    def _probe_ends(self, probed: ActualPlugin, ok: bool, refused: bool) -> ProbeVerdict:
+        file = self.files.get(probed.socket)
+        same_process = file is not None and file.identity == self.identity_of[probed.generation]
         before = self.caches.desired.get(probed.socket)
-        verdict = self.caches.probe_result(probed, ok, self.probe_failures)
+        verdict = self.caches.probe_result(probed, ok, self.probe_failures, refused=refused)
         newer = self.caches.actual.get(probed.socket)
         if newer is not None and newer.generation != probed.generation:
             event(f"a probe result of an older generation, {'ok' if ok else 'failed'}")
@@ -238,6 +327,14 @@ class RegistrationModel(RuleBasedStateMachine):
             assert not (same_process and file is not None and file.answers)
         if verdict is not ProbeVerdict.STALE:
             assert self.caches.in_force(probed) is not None or verdict is ProbeVerdict.DROPPED
+        if verdict is ProbeVerdict.DROPPED:
+            # Deregistered after the probe failures: stale if the last one was refused.
+            if refused:
+                self.refused[probed.socket] = probed.generation
+                event("a killed plugin deregistered as stale")
+            else:
+                self.refused.pop(probed.socket, None)
+        return verdict
 
     @rule(path=st.sampled_from(PATHS))
     def dropped_socket_answers_again(self, path: str) -> None:
@@ -248,6 +345,22 @@ class RegistrationModel(RuleBasedStateMachine):
             return
         if self.caches.desired.get(path) is None and path not in self.busy:
             self.caches.desired.force_new_generation(path, identity)
+
+    @rule(path=st.sampled_from(PATHS))
+    def dropped_socket_refuses(self, path: str) -> None:
+        """The monitor's probe of a dropped socket refused (`ConnectionMonitor._refused`): a
+        plugin hung until then was killed; its socket turns stale."""
+        file = self.files.get(path)
+        identity = self.seen.get(path)
+        record = self.caches.records.get(path)
+        if file is None or identity is None or identity != file.identity or not file.refuses:
+            return
+        if record is None or record.state is not PluginState.FAILED:
+            return
+        if self.caches.desired.get(path) is None and path not in self.busy:
+            self.caches.socket_refused(record, record.last_error)
+            self.refused[path] = record.generation
+            event("a dropped socket refuses")
 
     # -- invariants ------------------------------------------------------------------------
 
@@ -279,6 +392,32 @@ class RegistrationModel(RuleBasedStateMachine):
                 assert record.generation == registered.generation
                 assert record.state is PluginState.REGISTERED, record
                 assert record.last_error == ""
+
+    @invariant()
+    def stale_exactly_when_refused(self) -> None:
+        """A socket shows `STALE`, with its path and the fix, exactly when the last attempt on
+        its generation was refused; a live plugin's socket never does."""
+        for path, record in self.caches.records.items():
+            expected = self.refused.get(path) == record.generation
+            assert (record.state is PluginState.STALE) == expected, (record, self.refused)
+            if expected:
+                assert path in record.last_error and "remove it or restart" in record.last_error
+                file = self.files.get(path)
+                if file is not None and file.identity == self.identity_of.get(record.generation):
+                    assert file.refuses, f"{path}: a socket that answers shown stale"
+
+    @invariant()
+    def stale_never_counts_against_readiness(self) -> None:
+        """A stale socket is counted (the gauge) and never unreachable; any other failing
+        registration is."""
+        stale = sorted(p for p, r in self.caches.records.items() if r.state is PluginState.STALE)
+        assert self.caches.stale_sockets() == stale
+        unreachable = self.caches.unreachable()
+        for path, record in self.caches.records.items():
+            if record.state is PluginState.STALE:
+                assert path not in unreachable, f"{path}: a stale socket counted unreachable"
+            elif record.state is PluginState.FAILED:
+                assert path in unreachable, f"{path}: a failing plugin not counted"
 
     @invariant()
     def records_follow_their_generation(self) -> None:
