@@ -15,6 +15,7 @@ default of 1048576 open files cannot be set): see docs/operating/container-image
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -22,9 +23,8 @@ import pathlib
 import resource
 import shutil
 import subprocess
-import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import pytest
@@ -47,6 +47,7 @@ from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
 from tests.support.crds import REPO_ROOT
 from tests.support.draplugin import DraPlugin, KubeletDirs, instance, kubelet_dirs, named_resources
 from tests.support.http import http_get
+from tests.support.wait import until
 
 # Its own apiserver: the DaemonSet test applies cluster-wide admission policies.
 apiserver = apiserver_fixture(scope="module")
@@ -60,7 +61,6 @@ DRIVER = "gpu.image.example.com"
 HOST_STATE = "/var/lib/nodeagent"  # the DaemonSet's hostPath, mounted at the same path
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts the token
 NONROOT = 65532
-T = TypeVar("T")
 
 # This machine's limits: podman sets rlimits in the container, and raising one needs
 # CAP_SYS_RESOURCE. NPROC above a few thousand is refused here even below the hard limit.
@@ -95,15 +95,13 @@ def podman(*args: str, check: bool = True, stderr: bool = False) -> str:
     return done.stdout + (done.stderr if stderr else "")
 
 
-def until(check: Callable[[], T | None], what: str, explain: Callable[[], str]) -> T:
-    """Poll a real process (the container or the apiserver) until `check` gives a value."""
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}\n{explain()}")
+@contextlib.contextmanager
+def shown_with(logs: Callable[[], str]) -> Iterator[None]:
+    """A wait that gives up says what the container printed (its own account of why)."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{logs()}") from None
 
 
 def proc_status(container: str) -> dict[str, str]:
@@ -222,17 +220,16 @@ def test_the_image_as_its_default_user_connects_with_node_credentials(
     def logs() -> str:
         return podman("logs", container_name, check=False, stderr=True)
 
-    try:
+    with shown_with(logs):
         fields = notify.wait_for("READY", timeout=WAIT)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{logs()}") from None
     address = fields["STATUS"].split("ops on ", 1)[1].split()[0]
 
     def ready() -> str | None:
         code, text = http_get(address, "/readyz?verbose")
         return text if code == 200 else None
 
-    body = until(ready, "/readyz 200", logs)
+    with shown_with(logs):
+        body = until(ready, "/readyz 200", timeout=WAIT)
     assert "[+]kube ok: connected" in body, body
     status = proc_status(container_name)
     assert status["Uid"].split()[0] == str(NONROOT), status["Uid"]
@@ -356,21 +353,25 @@ def test_the_image_as_the_daemonset_pod_publishes_a_plugins_slices(
         def logs() -> str:
             return podman("logs", container_name, check=False, stderr=True) + plugin.log()
 
-        try:
+        with shown_with(logs):
             notify.wait_for("READY", timeout=WAIT)
-        except AssertionError as exc:
-            raise AssertionError(f"{exc}\n{logs()}") from None
-        slices = until(
-            lambda: [s for s in node_slices(apiserver) if s["spec"]["driver"] == DRIVER],
-            f"{DRIVER}'s slices on {NODE}",
-            logs,
-        )
+        with shown_with(logs):
+            slices = until(
+                lambda: (
+                    [s for s in node_slices(apiserver) if s["spec"]["driver"] == DRIVER] or None
+                ),
+                f"{DRIVER}'s slices on {NODE}",
+                timeout=WAIT,
+            )
         devices = {d["name"] for s in slices for d in s["spec"].get("devices", [])}
         assert devices == {"gpu-0", "gpu-1"}, slices
         # The probes' listener answers (what the kubelet asks).
-        assert until(
-            lambda: http_get(f"127.0.0.1:{public_port}", "/readyz")[0] == 200, "/readyz", logs
-        )
+        with shown_with(logs):
+            until(
+                lambda: http_get(f"127.0.0.1:{public_port}", "/readyz")[0] == 200,
+                "/readyz",
+                timeout=WAIT,
+            )
         # `kubectl exec <pod> -- nodeagent status`: on PATH in the image, no shell needed.
         shown = podman(
             "exec", container_name, "nodeagent", "status", f"--ops-address=127.0.0.1:{ops_port}"
@@ -423,7 +424,8 @@ def test_the_default_user_cannot_open_a_root_plugins_socket(
             failed = [p for p in json.loads(text) if p["state"] == "failed"] if code == 200 else []
             return failed[0]["last_error"] if failed else None
 
-        error = until(refused, "the registration to fail", logs)
+        with shown_with(logs):
+            error = until(refused, "the registration to fail", timeout=WAIT)
         assert "Permission denied" in error, error
         assert stop(container_name) == 0, logs()
     finally:

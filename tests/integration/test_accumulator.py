@@ -184,7 +184,7 @@ async def accumulating(
         nursery.cancel_scope.cancel()
 
 
-async def until(
+async def until_snapshot(
     acc: Accumulator, snap: Snap, cond: Callable[[Snap], bool], limit: float = 30
 ) -> list[Delta[Any]]:
     """Consumes notifications until the snapshot satisfies ``cond``; returns all deltas."""
@@ -328,13 +328,13 @@ async def test_notifies_on_update(apiserver: ApiServer, admin_client: KubeClient
         accumulating(client, [cm_query(ns)], max_interval=1.0) as acc,
     ):
         snap = Snap()
-        await until(acc, snap, lambda s: True)
+        await until_snapshot(acc, snap, lambda s: True)
         await admin_client.create(CONFIGMAPS, cm("one", v="1"), ns)
-        await until(acc, snap, lambda s: len(s.cms) == 1)
+        await until_snapshot(acc, snap, lambda s: len(s.cms) == 1)
         await admin_client.create(CONFIGMAPS, cm("two", v="1"), ns)
-        await until(acc, snap, lambda s: len(s.cms) == 2)
+        await until_snapshot(acc, snap, lambda s: len(s.cms) == 2)
         await admin_client.patch(CONFIGMAPS, "one", {"data": {"v": "2"}}, ns)
-        deltas = await until(acc, snap, lambda s: data_of(s.cms)["one"] == {"v": "2"})
+        deltas = await until_snapshot(acc, snap, lambda s: data_of(s.cms)["one"] == {"v": "2"})
         assert [(d.type, d.key.name) for d in deltas] == [(DeltaType.UPDATE, "one")]
 
 
@@ -348,7 +348,7 @@ async def test_read_your_writes_while_watch_is_delayed(apiserver: ApiServer, ns:
         delayed = GatedWatches(client, gates)
         async with accumulating(delayed, queries) as acc:
             snap = Snap()
-            await until(acc, snap, lambda s: True)
+            await until_snapshot(acc, snap, lambda s: True)
             for g in gates.values():
                 g.close()  # from now on the watch delivers nothing
             last_rv: dict[str, str] = {}
@@ -516,7 +516,7 @@ async def test_relist_after_410_yields_exact_difference(
         query: Query[bytes] = Query("events", "v1", "Event", namespace=ns)
         async with accumulating(client, [query]) as acc:
             snap = Snap()
-            await until(acc, snap, lambda s: len(s.events) == 3)
+            await until_snapshot(acc, snap, lambda s: len(s.events) == 3)
             before = dict(snap.events.items())
             client.hold = True
             with trio.fail_after(30):
@@ -527,7 +527,7 @@ async def test_relist_after_410_yields_exact_difference(
             await trio.to_thread.run_sync(apiserver.compact)
             client.hold = False
             client.release.set()
-            deltas = await until(acc, snap, lambda s: "e4" in {k.name for k in s.events})
+            deltas = await until_snapshot(acc, snap, lambda s: "e4" in {k.name for k in s.events})
     assert sorted((d.type.value, d.key.name) for d in deltas) == [
         ("add", "e4"),
         ("delete", "e2"),
@@ -573,9 +573,9 @@ async def test_recreated_configmap_is_a_delete_and_an_add(
         accumulating(GatedWatches(client, {"configmaps": gate}), [cm_query(ns)]) as acc,
     ):
         snap = Snap()
-        await until(acc, snap, lambda s: True)
+        await until_snapshot(acc, snap, lambda s: True)
         first = await admin_client.create(CONFIGMAPS, cm("x", v="old"), ns, into=ConfigMap)
-        await until(acc, snap, lambda s: "x" in data_of(s.cms))
+        await until_snapshot(acc, snap, lambda s: "x" in data_of(s.cms))
         # Between two wake-ups of the consumer, the ConfigMap is deleted and re-created.
         await admin_client.delete(CONFIGMAPS, "x", ns)
         second = await admin_client.create(CONFIGMAPS, cm("x", v="new"), ns, into=ConfigMap)
@@ -603,7 +603,7 @@ async def test_recreated_while_the_watch_was_away_is_a_delete_and_an_add(
         query = Query("events", "v1", "Event", namespace=ns, into=Gizmo)  # metadata is enough
         async with accumulating(client, [query]) as acc:
             snap = Snap()
-            await until(acc, snap, lambda s: len(s.events) == 1)
+            await until_snapshot(acc, snap, lambda s: len(s.events) == 1)
             (before,) = snap.events.values_list()
             client.hold = True
             with trio.fail_after(30):
@@ -613,7 +613,7 @@ async def test_recreated_while_the_watch_was_away_is_a_delete_and_an_add(
             await trio.to_thread.run_sync(apiserver.compact)
             client.hold = False
             client.release.set()
-            deltas = await until(
+            deltas = await until_snapshot(
                 acc, snap, lambda s: s.events.values_list()[0].metadata.uid != before.metadata.uid
             )
     (after,) = snap.events.values_list()
@@ -654,7 +654,7 @@ async def test_forbidden_after_a_good_list_is_served_empty(
                 await acc.changed()
                 acc.update(snap)
         await admin_client.delete(ROLEBINDINGS, "cm-reader", ns)
-        deltas = await until(acc, snap, lambda s: len(s.cms) == 0)
+        deltas = await until_snapshot(acc, snap, lambda s: len(s.cms) == 0)
         assert sorted((d.type.value, d.key.name) for d in deltas) == [
             ("delete", "a"),
             ("delete", "b"),
@@ -666,5 +666,5 @@ async def test_forbidden_after_a_good_list_is_served_empty(
         assert 'cannot list resource "configmaps"' in reason
         # Access restored: the next attempt lists for real and the objects come back.
         await admin_client.create(ROLEBINDINGS, _cm_reader_binding(), ns)
-        await until(acc, snap, lambda s: len(s.cms) == 2, limit=60)
+        await until_snapshot(acc, snap, lambda s: len(s.cms) == 2, limit=60)
         assert acc.status("cms").known and acc.not_ready_reason() is None

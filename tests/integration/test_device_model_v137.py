@@ -49,10 +49,11 @@ from nodeagent.sdk import (
     build_inventory,
 )
 from tests.integration.conftest import client_for
-from tests.integration.test_resourceslices import NODE, TIMEOUT, admin, node_slices, until
+from tests.integration.test_resourceslices import NODE, TIMEOUT, admin, node_slices
 from tests.plugins.conftest import fast_settings
 from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer, apiserver_fixture, newest_release
+from tests.support.wait import wait_until
 from tests.unit.resources.device_field_cases import CASES, Case
 from tests.unit.sdk.test_devices_v137 import partitioned_pool
 
@@ -143,7 +144,7 @@ async def declare_node_feature(srv: ApiServer, admin: KubeClient) -> None:
             return False
         return True
 
-    await until(admitted, "the node's declared feature, seen by admission")
+    await wait_until(admitted, "the node's declared feature, seen by admission")
 
 
 @pytest.fixture
@@ -281,7 +282,7 @@ async def test_every_new_field_survives_the_agents_publish(
             async def received() -> bool:
                 return DRIVER in channel.value
 
-            await until(received, "the plugin's inventory")
+            await wait_until(received, "the plugin's inventory")
 
             async def published(name: str = NODE) -> list[dict[str, Any]] | None:
                 items = [
@@ -295,7 +296,7 @@ async def test_every_new_field_survives_the_agents_publish(
                 return bool(await published() and await published(GPU_POOL))
 
             async with publishing(client, manager) as pub:
-                await until(both, "both pools")
+                await wait_until(both, "both pools")
                 await idle(pub)
             (obj,) = await published() or []
             spec = obj["spec"]
@@ -334,7 +335,7 @@ async def test_every_new_field_survives_the_agents_publish(
                     return items[0] if cap.get("requestPolicy", {}).get("default") == "2G" else None
 
                 if apiserver.feature_enabled("DRAConsumableCapacity"):
-                    after = await until(updated, "the new default")
+                    after = await wait_until(updated, "the new default")
                     assert after["metadata"]["name"] == obj["metadata"]["name"]
                     await idle(pub)
                     assert api_writes() == written + 1

@@ -26,6 +26,7 @@ from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
 from tests.integration.conftest import client_for
 from tests.support.apiserver import ApiServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -115,16 +116,6 @@ async def node_slices(admin: KubeClient) -> list[dict[str, Any]]:
     return sorted(items, key=lambda o: o["metadata"]["name"])
 
 
-async def until(check: Any, what: str) -> Any:
-    """Polls the real API server until `check()` returns something truthy."""
-    with trio.fail_after(TIMEOUT):
-        while True:
-            got = await check()
-            if got:
-                return got
-            await trio.sleep(0.05)
-
-
 async def quiet(pub: Publisher) -> None:
     """Until the publisher has read the cluster and has nothing queued."""
     with trio.fail_after(TIMEOUT):
@@ -159,7 +150,7 @@ async def test_publish_update_and_restart_without_writes(
             items = await node_slices(admin)
             return items if len(items) == 2 else None
 
-        items = await until(two, "two slices")
+        items = await wait_until(two, "two slices")
         for o in items:
             assert o["metadata"]["generateName"] == f"{NODE}-{DRIVER}-"
             assert o["metadata"]["ownerReferences"] == [
@@ -190,7 +181,7 @@ async def test_publish_update_and_restart_without_writes(
                 for d in o["spec"]["devices"]
             )
 
-        await until(updated, "gpu-199 updated")
+        await wait_until(updated, "gpu-199 updated")
         await quiet(pub)
         assert pub.writes == 3
         assert {o["spec"]["pool"]["generation"] for o in await node_slices(admin)} == {1}
@@ -223,7 +214,7 @@ async def test_foreign_changes_are_repaired(apiserver: ApiServer, admin: KubeCli
             items = await node_slices(admin)
             return items[0] if len(items) == 1 else None
 
-        obj = await until(one, "one slice")
+        obj = await wait_until(one, "one slice")
         # Someone edits our slice: it is put back.
         obj["spec"]["devices"] = obj["spec"]["devices"][:1]
         await admin.update(RESOURCESLICES, obj)
@@ -232,7 +223,7 @@ async def test_foreign_changes_are_repaired(apiserver: ApiServer, admin: KubeCli
             items = await node_slices(admin)
             return len(items) == 1 and len(items[0]["spec"]["devices"]) == 3
 
-        await until(repaired, "slice repaired")
+        await wait_until(repaired, "slice repaired")
         # Someone deletes it: it is created again.
         (obj,) = await node_slices(admin)
         await admin.delete(RESOURCESLICES, obj["metadata"]["name"])
@@ -241,7 +232,7 @@ async def test_foreign_changes_are_repaired(apiserver: ApiServer, admin: KubeCli
             items = await node_slices(admin)
             return len(items) == 1 and items[0]["metadata"]["name"] != obj["metadata"]["name"]
 
-        await until(recreated, "slice recreated")
+        await wait_until(recreated, "slice recreated")
         await quiet(pub)
 
 
@@ -255,14 +246,14 @@ async def test_disconnected_plugin_slices_go_after_the_grace(
         async def published() -> bool:
             return len(await node_slices(admin)) == 1
 
-        await until(published, "published")
+        await wait_until(published, "published")
         t0 = trio.current_time()
         plugins.send(inventory(3), registered=False)
 
         async def gone() -> bool:
             return not await node_slices(admin)
 
-        await until(gone, "deleted")
+        await wait_until(gone, "deleted")
         assert trio.current_time() - t0 >= 1.0
 
 
@@ -307,7 +298,7 @@ async def test_fields_the_server_drops_cause_no_update_loop(
         async def one() -> bool:
             return len(await node_slices(admin)) == 1
 
-        await until(one, "published")
+        await wait_until(one, "published")
         await quiet(pub)
         # The watch echo of the create arrives after our own read-your-writes copy: wait for
         # it, then for it to be planned against.
@@ -316,7 +307,7 @@ async def test_fields_the_server_drops_cause_no_update_loop(
         async def echoed() -> bool:
             return events() > watched
 
-        await until(echoed, "the watch echo of the create")
+        await wait_until(echoed, "the watch echo of the create")
         await trio.testing.wait_all_tasks_blocked(0.05)
         await quiet(pub)
         assert (

@@ -21,9 +21,10 @@ from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.rpc import GrpcBridge, open_grpc_bridge
 from nodeagent.sdk import Device, DevicePlugin, Quantity, SemVer
 from tests.integration.conftest import client_for
-from tests.integration.test_resourceslices import NODE, admin, node_slices, until
+from tests.integration.test_resourceslices import NODE, admin, node_slices
 from tests.plugins.conftest import fast_settings
 from tests.support.apiserver import ApiServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin"]  # the fixture, re-used
@@ -86,7 +87,7 @@ async def test_seed_plugin_to_resourceslices(
                 items = [o for o in await node_slices(admin) if o["spec"]["driver"] == DRIVER]
                 return items or None
 
-            (obj,) = await until(published, "seed slice")
+            (obj,) = await wait_until(published, "seed slice")
             assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
             assert obj["spec"]["devices"][0] == {
                 "name": "gpu-0",
@@ -111,7 +112,7 @@ async def test_seed_plugin_to_resourceslices(
                 items: list[Any] = msgspec.json.decode(body)["items"]
                 return [e for e in items if DRIVER in e["message"]] or None
 
-            found = await until(events, "a Warning event per dropped attribute")
+            found = await wait_until(events, "a Warning event per dropped attribute")
             assert all(e["type"] == "Warning" for e in found)
 
             await plugin.publish(devices("2Gi"))
@@ -122,7 +123,7 @@ async def test_seed_plugin_to_resourceslices(
                     d["capacity"]["memory"]["value"] for o in items for d in o["spec"]["devices"]
                 ] == ["2Gi"] * 3
 
-            await until(updated, "updated in place")
+            await wait_until(updated, "updated in place")
             (after,) = await published() or []
             assert after["metadata"]["name"] == obj["metadata"]["name"]
             assert after["spec"]["pool"]["generation"] == 1
@@ -131,5 +132,5 @@ async def test_seed_plugin_to_resourceslices(
         async def gone() -> bool:
             return not await published()
 
-        await until(gone, "deleted after the grace")
+        await wait_until(gone, "deleted after the grace")
         nursery.cancel_scope.cancel()

@@ -40,9 +40,9 @@ from tests.integration.test_resourceslices import (
     admin,
     inventory,
     node_slices,
-    until,
 )
 from tests.support.apiserver import ApiServer
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin"]  # fixture, re-used
@@ -175,7 +175,7 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
         async def synced() -> bool:
             return pub.synced
 
-        await until(synced, "the first snapshot")
+        await wait_until(synced, "the first snapshot")
         if lead is not None and lead >= 0:
             watched = WATCH_EVENTS.labels("resourceslices")._value.get()
             await create_foreign()
@@ -186,7 +186,7 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
                 async def delivered() -> bool:
                     return WATCH_EVENTS.labels("resourceslices")._value.get() > watched
 
-                await until(delivered, "the foreign slice delivered by the publisher's watch")
+                await wait_until(delivered, "the foreign slice delivered by the publisher's watch")
         timeline.registered = time.monotonic()
         plugins.send(inventory(3))
         if lead is not None and lead < 0:
@@ -198,20 +198,20 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
                 items = await node_slices(admin)
                 return len(items) == 1 and pub.pending() == 0 and pub.failing() == {}
 
-            await until(published, "the pool published")
+            await wait_until(published, "the pool published")
             await create_foreign()
 
         async def created() -> bool:
             return bool(timeline.foreign_name)
 
-        await until(created, "the foreign slice created")
+        await wait_until(created, "the foreign slice created")
         name = timeline.foreign_name
 
         async def refused() -> bool:
             items = await node_slices(admin)
             return [o["metadata"]["name"] for o in items] == [name] and bool(pub.refused())
 
-        await until(refused, "the pool refused, the foreign slice alone in it")
+        await wait_until(refused, "the pool refused, the foreign slice alone in it")
         timeline.refused = time.monotonic()
         ready, reason = comp.readiness()
         assert not ready
@@ -220,7 +220,7 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
         async def reported() -> bool:
             return len(await conflict_events(admin, name)) == 1
 
-        await until(reported, "one ResourceSlicePoolConflict Event")
+        await wait_until(reported, "one ResourceSlicePoolConflict Event")
         # Refused stays refused: no slice of nodeagent's comes back while the foreign one stays.
         await trio.sleep(1.5)
         items = await node_slices(admin)
@@ -241,7 +241,7 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
                 and comp.readiness()[0]
             )
 
-        await until(resumed, "the pool published again, the component ready")
+        await wait_until(resumed, "the pool published again, the component ready")
         assert pub.refused() == set() and pub.failing() == {}
         print(f"\n{case}: {timeline.offsets()}")  # the timings the report quotes (pytest -s)
         nursery.cancel_scope.cancel()

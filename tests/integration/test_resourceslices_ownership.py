@@ -37,11 +37,11 @@ from tests.integration.test_resourceslices import (
     node_slices,
     publisher,
     settle,
-    until,
 )
 from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer
 from tests.support.resources import CLUSTERROLEBINDINGS, CLUSTERROLES, SERVICEACCOUNTS
+from tests.support.wait import wait_until
 
 pytestmark = pytest.mark.integration
 __all__ = ["admin"]  # fixture, re-used
@@ -76,7 +76,7 @@ async def test_a_recreated_node_gets_the_slices_reowned_without_a_loop(
         async def two() -> bool:
             return len(await node_slices(admin)) == 2
 
-        await until(two, "published")
+        await wait_until(two, "published")
         await settle(pub)
         names = sorted(o["metadata"]["name"] for o in await node_slices(admin))
         written = api_writes()
@@ -85,7 +85,7 @@ async def test_a_recreated_node_gets_the_slices_reowned_without_a_loop(
         async def reowned() -> bool:
             return owners(await node_slices(admin)) == [uid, uid]
 
-        await until(reowned, "slices owned by the new Node")
+        await wait_until(reowned, "slices owned by the new Node")
         await settle(pub)
         # The same slices, re-owned in place: two updates, then nothing more.
         assert sorted(o["metadata"]["name"] for o in await node_slices(admin)) == names
@@ -122,7 +122,7 @@ async def test_publishing_waits_for_the_node(apiserver: ApiServer, admin: KubeCl
                 return owners(await node_slices(admin)) == [uid]
 
             with trio.fail_after(20.0):
-                await until(published, "published as soon as the Node exists")
+                await wait_until(published, "published as soon as the Node exists")
             assert pub.blocked() is None
             await settle(pub)
             assert api_writes() == written + 1
@@ -142,7 +142,7 @@ async def test_updates_keep_others_labels_annotations_and_finalizers(
             items = await node_slices(admin)
             return items[0] if len(items) == 1 else None
 
-        obj = await until(one, "published")
+        obj = await wait_until(one, "published")
         meta = obj["metadata"]
         meta["labels"]["team"] = "gpu"
         meta["annotations"] = {"example.com/note": "keep me"}
@@ -156,7 +156,7 @@ async def test_updates_keep_others_labels_annotations_and_finalizers(
                 memory = got["spec"]["devices"][0]["capacity"]["memory"] if got else {}
                 return got if memory == {"value": "2Gi"} else None
 
-            obj = await until(updated, "updated by the publisher")
+            obj = await wait_until(updated, "updated by the publisher")
             await settle(pub)
             meta = obj["metadata"]
             assert meta["labels"] == {"app.kubernetes.io/managed-by": "nodeagent", "team": "gpu"}
@@ -195,7 +195,7 @@ async def test_a_pool_with_a_foreign_slice_is_refused_until_it_goes(
         async def reported() -> bool:
             return metrics.SYNCS.labels("refused")._value.get() > refused
 
-        await until(reported, "the pool refused")
+        await wait_until(reported, "the pool refused")
         await settle(pub)
         assert api_writes() == written
         ((key, error),) = pub.failing().items()
@@ -210,7 +210,7 @@ async def test_a_pool_with_a_foreign_slice_is_refused_until_it_goes(
             )
             return any(name in e["message"] for e in msgspec.json.decode(body)["items"])
 
-        await until(event, "a Warning Event on the Node")
+        await wait_until(event, "a Warning Event on the Node")
         await admin.delete(RESOURCESLICES, name)
 
         async def ours() -> bool:
@@ -221,7 +221,7 @@ async def test_a_pool_with_a_foreign_slice_is_refused_until_it_goes(
                 == "nodeagent"
             )
 
-        await until(ours, "the pool published once the foreign slice is gone")
+        await wait_until(ours, "the pool published once the foreign slice is gone")
         await settle(pub)
         assert pub.failing() == {}
         assert metrics.REFUSED_POOLS._value.get() == 0
@@ -327,7 +327,7 @@ async def test_nothing_is_written_while_the_slice_list_is_forbidden(
         async def forbidden() -> bool:
             return "forbidden" in (acc.not_ready_reason() or "")
 
-        await until(forbidden, "the Forbidden list")
+        await wait_until(forbidden, "the Forbidden list")
         await trio.sleep(3.0)  # several list retries and write TTLs: nothing may be written
         assert api_writes() == written
         assert await node_slices(admin) == []

@@ -38,13 +38,13 @@ from tests.integration.test_resourceslices import (
     publisher,
     quiet,
     settle,
-    until,
     versions,
 )
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN, grpcio_modules
 from tests.support.api_requests import api_writes
 from tests.support.apiserver import ApiServer
+from tests.support.wait import wait_until
 from tests.support.watch import EventSink
 
 pytestmark = pytest.mark.integration
@@ -97,7 +97,7 @@ async def test_exact_update_scope_300_devices_and_the_generation_bump(
             async def all_watched() -> bool:
                 return versions([o for _, o in watcher.events]).items() >= versions(items).items()
 
-            await until(all_watched, "the watcher saw the final slices")
+            await wait_until(all_watched, "the watcher saw the final slices")
             # The watcher saw generation 2 while fewer than 3 slices of it existed: a consumer
             # can tell the pool is incomplete and keep using generation 1 meanwhile.
             current: dict[str, int] = {o["metadata"]["name"]: 1 for o in first}
@@ -205,7 +205,7 @@ async def test_another_nodes_slice_is_refused_and_reported(
         async def reported_twice() -> bool:
             return metrics.SYNCS.labels("failed")._value.get() >= failed + 2
 
-        await until(reported_twice, "the refusal reported and retried")
+        await wait_until(reported_twice, "the refusal reported and retried")
         assert metrics.WRITES.labels("create", "error")._value.get() >= refused + 2
         assert API_REQUESTS.labels("create", "resourceslices", "403")._value.get() >= forbidden + 2
         # Reported for the ops endpoint too, with the server's refusal, and still retried.
@@ -267,7 +267,7 @@ async def test_seed_plugin_written_with_grpcio(
                 items = await ours()
                 return len(items) == 1 and len(items[0]["spec"]["devices"]) == n
 
-            await until(lambda: devices(2), "the grpcio plugin's slice")
+            await wait_until(lambda: devices(2), "the grpcio plugin's slice")
             (obj,) = await ours()
             assert obj["spec"]["pool"] == {"name": NODE, "generation": 1, "resourceSliceCount": 1}
             assert obj["spec"]["devices"][1] == {
@@ -275,7 +275,7 @@ async def test_seed_plugin_written_with_grpcio(
                 "attributes": {"index": {"int": 1}},
             }
             await process.stdin.send_all(b"value 3\n")
-            await until(lambda: devices(3), "updated in place")
+            await wait_until(lambda: devices(3), "updated in place")
             (after,) = await ours()
             assert after["metadata"]["name"] == obj["metadata"]["name"]
             await process.stdin.aclose()
@@ -285,7 +285,7 @@ async def test_seed_plugin_written_with_grpcio(
             async def gone() -> bool:
                 return not await ours()
 
-            await until(gone, "deleted after the disconnect grace")
+            await wait_until(gone, "deleted after the disconnect grace")
         finally:
             if process.returncode is None:
                 process.kill()
@@ -316,7 +316,7 @@ async def test_native_sdk_plugin_300_devices_and_zero_write_resends(
         async def planned() -> bool:
             return unchanged._value.get() > before
 
-        await until(planned, "the re-sent inventory planned")
+        await wait_until(planned, "the re-sent inventory planned")
 
     async with (
         open_grpc_bridge() as bridge,
@@ -344,7 +344,7 @@ async def test_native_sdk_plugin_300_devices_and_zero_write_resends(
                 items = [o for o in await node_slices(admin) if o["spec"]["driver"] == driver]
                 return items if len(items) == 3 else None
 
-            items = await until(three, "three slices")
+            items = await wait_until(three, "three slices")
             for o in items:
                 assert o["spec"]["pool"] == {
                     "name": "gpus",

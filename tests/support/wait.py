@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import trio
 
@@ -46,13 +46,33 @@ def _fail(what: str, timeout: float, last: object) -> WaitTimeout:
     return WaitTimeout(f"gave up after {timeout:g} s waiting for {what}; last seen: {last!r}")
 
 
+@overload
 async def wait_until(
-    check: Callable[[], T | NotYet | Awaitable[T | NotYet | None] | None],
+    check: Callable[[], Awaitable[T | NotYet | None]],
+    what: str,
+    *,
+    timeout: float = ...,  # noqa: ASYNC109
+    interval: float = ...,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    check: Callable[[], T | NotYet | None],
+    what: str,
+    *,
+    timeout: float = ...,  # noqa: ASYNC109
+    interval: float = ...,
+) -> T: ...
+
+
+async def wait_until(
+    check: Callable[[], Any],
     what: str,
     *,
     timeout: float = 30.0,  # noqa: ASYNC109 - a bound named in the failure, not a deadline
     interval: float = 0.05,
-) -> T:
+) -> Any:
     """Poll `check` in Trio until it returns a value that is not None/False; return it."""
     deadline = trio.current_time() + timeout
     last: object = "(not checked yet)"
@@ -62,7 +82,7 @@ async def wait_until(
             if inspect.isawaitable(value):
                 value = await value
             if _done(value):
-                return value  # type: ignore[no-any-return,unused-ignore]
+                return value
             last = value
         except Exception as exc:
             last = exc

@@ -26,6 +26,7 @@ from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
 from tests.support.fake_dynconfig import FakeHub, build, hasher
 from tests.support.fake_watch import FakeClient
 from tests.support.nodeagentconfig import NAC
+from tests.support.wait import wait_until
 from tests.unit.accumulator.test_accumulator import synced
 
 NODE = "node-a"
@@ -99,20 +100,13 @@ def nac(name: str, config: dict[str, Any], generation: int = 1) -> dict[str, Any
     }
 
 
-async def until(check: Any, what: str) -> None:
-    """Poll a condition with a deadline (autojump clock: the sleeps cost no real time)."""
-    with trio.fail_after(30):
-        while not check():  # noqa: ASYNC110 - state of several tasks, no one event to wait on
-            await trio.sleep(0.05)
-
-
 async def test_forbidden_objects_keep_the_running_config(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     async with running(tmp_path) as rig:
         await synced(await rig.client.sink("nodes"), {"metadata": {"name": NODE, "uid": "n"}})
         await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}))
-        await until(lambda: rig.controller.active.name == "fleet", "fleet applied")
+        await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
         assert rig.hub.current["interval"] == 7
 
         rig.client.revoke(NAC.plural)  # RBAC revoked: the relist is Forbidden, shown as empty
@@ -121,7 +115,7 @@ async def test_forbidden_objects_keep_the_running_config(
         await trio.sleep(100)
         assert rig.controller.active.name == "fleet" and rig.hub.current["interval"] == 7
         await trio.sleep(90)
-        await until(
+        await wait_until(
             lambda: rig.controller.condition().reason == "NoUniqueTarget", "kept, with reason"
         )
         # Not taken for "no object targets this node": the remote config keeps running.
@@ -135,7 +129,7 @@ async def test_forbidden_objects_keep_the_running_config(
         # Access restored (after forbidden_retry): the objects are read and selected again.
         rig.client.forbidden.discard(NAC.plural)
         await synced(await rig.client.sink(NAC.plural), nac("fleet", {"interval": 7}), rv=2)
-        await until(lambda: rig.controller.condition().reason == "OnTrial", "selected again")
+        await wait_until(lambda: rig.controller.condition().reason == "OnTrial", "selected again")
         assert rig.controller.active.name == "fleet"
 
 
@@ -169,7 +163,7 @@ async def test_refused_condition_write_is_retried_with_backoff(
         assert "a and c" in rig.component.written.message
         rig.controller.keep("tie between a and d")
         written_before = trio.current_time()
-        await until(lambda: rig.component.condition_writes == 2, "the change written")
+        await wait_until(lambda: rig.component.condition_writes == 2, "the change written")
         assert trio.current_time() - written_before < 1
 
 
@@ -205,7 +199,7 @@ async def test_a_restart_on_an_unchanged_condition_does_not_write_it(
 
         # A change of reason with the same status keeps the time the status last changed.
         rig.controller.keep("tie between a and b")
-        await until(lambda: rig.client.patches, "the new condition written")
+        await wait_until(lambda: rig.client.patches or None, "the new condition written")
         (written,) = rig.client.bodies[0]["status"]["conditions"]
         assert written["reason"] != condition.reason
         if written["status"] == ("True" if condition.status else "False"):
@@ -222,7 +216,7 @@ async def test_a_status_change_since_the_last_run_gets_a_new_transition_time(
         flipped = type(condition)(not condition.status, "RolledBack", "an older run's")
         since = "2026-01-02T03:04:05Z"
         await synced(await rig.client.sink("nodes"), _shown(flipped, since))
-        await until(lambda: rig.client.patches, "the condition written")
+        await wait_until(lambda: rig.client.patches or None, "the condition written")
         (written,) = rig.client.bodies[0]["status"]["conditions"]
         assert written["reason"] == condition.reason
         assert written["lastTransitionTime"] != since
@@ -233,5 +227,7 @@ async def test_the_first_write_waits_a_bounded_time_for_the_node(
 ) -> None:
     async with running(tmp_path) as rig:
         start = trio.current_time()
-        await until(lambda: rig.client.patches, "the condition written without the Node")
+        await wait_until(
+            lambda: rig.client.patches or None, "the condition written without the Node"
+        )
         assert rig.client.patches[0] - start <= 5.1

@@ -12,8 +12,9 @@ import trio
 import trio.testing
 
 from tests.support.nodeagentconfig import NAC
+from tests.support.wait import wait_until
 from tests.unit.accumulator.test_accumulator import synced
-from tests.unit.dynconfig.test_component import NODE, running, until
+from tests.unit.dynconfig.test_component import NODE, running
 
 
 def node(uid: str, rv: int, *conditions: dict[str, Any]) -> dict[str, Any]:
@@ -34,7 +35,7 @@ async def test_a_recreated_node_gets_the_condition_again(
         nodes = await rig.client.sink("nodes")
         await synced(nodes, node("n1", 1))
         await synced(await rig.client.sink(NAC.plural))
-        await until(
+        await wait_until(
             lambda: rig.component.written == rig.controller.condition(), "the condition written"
         )
         assert rig.component.written is not None and rig.component.written.reason == "Local"
@@ -53,7 +54,7 @@ async def test_a_recreated_node_gets_the_condition_again(
         assert rig.component.condition_writes == base
         rig.client.node_uid = "n2"
         await synced(nodes, node("n2", 5), rv=5)
-        await until(lambda: rig.component.condition_writes == base + 1, "written again")
+        await wait_until(lambda: rig.component.condition_writes == base + 1, "written again")
         await synced(nodes, node("n2", 6, LOCAL), rv=6)
         await trio.sleep(5)
         assert rig.component.condition_writes == base + 1

@@ -23,9 +23,10 @@ import trio.testing
 from nodeagent.dynconfig.state import LOCAL_HASH, Known
 from tests.support.fake_dynconfig import Report, Wall, hasher
 from tests.support.nodeagentconfig import NAC
+from tests.support.wait import wait_until
 from tests.unit.accumulator.helpers import page
 from tests.unit.accumulator.test_accumulator import synced
-from tests.unit.dynconfig.test_component import NODE, nac, running, until
+from tests.unit.dynconfig.test_component import NODE, nac, running
 from tests.unit.dynconfig.test_controller import make, target
 
 
@@ -56,16 +57,16 @@ async def test_labels_changed_while_the_configs_relist_are_not_lost(
         configs = await rig.client.sink(NAC.plural)
         await synced(nodes, node(1, pool="a"))
         await synced(configs, *CONFIGS)
-        await until(lambda: rig.controller.active.name == "a", "a applied")
+        await wait_until(lambda: rig.controller.active.name == "a", "a applied")
 
         await configs.begin_list()  # a 410: the configs relist
         await synced(nodes, node(2, pool="b"), rv=2)  # meanwhile the node moves to pool b
         await trio.sleep(5)
         await configs.list_page(page(list(CONFIGS), 3))
         await configs.end_list("3")  # the same objects: no change in either input
-        await until(lambda: rig.controller.active.name == "b", "b applied after the relist")
+        await wait_until(lambda: rig.controller.active.name == "b", "b applied after the relist")
         assert rig.hub.current["interval"] == 8
-        await until(lambda: rig.controller.condition().reason == "OnTrial", "the condition")
+        await wait_until(lambda: rig.controller.condition().reason == "OnTrial", "the condition")
 
 
 async def test_config_edited_while_the_node_relists_is_not_lost(
@@ -76,14 +77,16 @@ async def test_config_edited_while_the_node_relists_is_not_lost(
         configs = await rig.client.sink(NAC.plural)
         await synced(nodes, node(1, pool="a"))
         await synced(configs, nac("fleet", {"interval": 7}))
-        await until(lambda: rig.controller.active.name == "fleet", "fleet applied")
+        await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
 
         await nodes.begin_list()
         await synced(configs, edited(nac("fleet", {"interval": 9}, generation=2), 2), rv=2)
         await trio.sleep(5)
         await nodes.list_page(page([node(1, pool="a")], 3))
         await nodes.end_list("3")
-        await until(lambda: rig.hub.current["interval"] == 9, "the edit applied after the relist")
+        await wait_until(
+            lambda: rig.hub.current["interval"] == 9, "the edit applied after the relist"
+        )
 
 
 async def test_a_tie_clearing_to_the_assigned_target_rewrites_the_condition(
@@ -94,20 +97,20 @@ async def test_a_tie_clearing_to_the_assigned_target_rewrites_the_condition(
         configs = await rig.client.sink(NAC.plural)
         await synced(nodes, node(1))
         await synced(configs, nac("fleet", {"interval": 7}))
-        await until(lambda: rig.controller.active.name == "fleet", "fleet applied")
+        await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
         await trio.sleep(601)  # promoted
-        await until(lambda: rig.component.written == rig.controller.condition(), "Active")
+        await wait_until(lambda: rig.component.written == rig.controller.condition(), "Active")
         assert rig.controller.condition().reason == "Active"
 
         await synced(configs, nac("fleet", {"interval": 7}), nac("other", {"interval": 8}), rv=2)
-        await until(
+        await wait_until(
             lambda: (
                 (rig.component.written or rig.controller.condition()).reason == "NoUniqueTarget"
             ),
             "the tie written",
         )
         await synced(configs, nac("fleet", {"interval": 7}), rv=3)  # the tie clears
-        await until(
+        await wait_until(
             lambda: rig.component.written is not None and rig.component.written.reason == "Active",
             "the condition written back to Active",
         )
@@ -121,24 +124,24 @@ async def test_an_undecodable_target_keeps_what_runs_and_says_so(
         configs = await rig.client.sink(NAC.plural)
         await synced(nodes, node(1))
         await synced(configs, nac("fleet", {"interval": 7}), by_pool("spare", "x", {}))
-        await until(lambda: rig.controller.active.name == "fleet", "fleet applied")
+        await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
         await trio.sleep(601)
         lkg = rig.controller.state.lkg
 
         broken = edited(nac("fleet", {"interval": 7}, generation=2), 2)
         broken["spec"]["priority"] = "high"  # a looser CRD let it through
         await synced(configs, broken, by_pool("spare", "x", {}), rv=2)
-        await until(lambda: rig.controller.condition().reason == "TargetUnreadable", "said")
+        await wait_until(lambda: rig.controller.condition().reason == "TargetUnreadable", "said")
         condition = rig.controller.condition()
         assert not condition.status
         assert "fleet" in condition.message and "priority" in condition.message
         assert rig.controller.active.name == "fleet" and rig.hub.current["interval"] == 7
         assert rig.controller.state.lkg == lkg
-        await until(lambda: rig.component.written == condition, "written to the Node")
+        await wait_until(lambda: rig.component.written == condition, "written to the Node")
 
         # Fixed: selected again, the condition back to Active (same config).
         await synced(configs, edited(nac("fleet", {"interval": 7}, generation=3), 3), rv=3)
-        await until(lambda: rig.controller.condition().reason == "Active", "readable again")
+        await wait_until(lambda: rig.controller.condition().reason == "Active", "readable again")
         assert rig.controller.active.name == "fleet"
 
 
