@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -37,11 +37,11 @@ from tests.support.apiserver import ApiServer, start_apiserver
 from tests.support.crds import REPO_ROOT, apply_manifest, install_cnr_crd, install_cnr_node_access
 from tests.support.faultproxy import FaultProxy
 from tests.support.nodeagentconfig import install_nodeagentconfig_crd
+from tests.support.wait import until
 
 NODE = "node-a"
 DRIVER = "gpu.example.com"
 SLICE_MAX = 128
-T = TypeVar("T")
 
 # Every request of the identities the agent runs as, at Metadata level (no bodies).
 AUDIT_POLICY = """apiVersion: audit.k8s.io/v1
@@ -135,18 +135,6 @@ def _covers(want: Any, have: Any) -> bool:
             and all(_covers(w, h) for w, h in zip(want, have, strict=True))
         )
     return bool(want == have)
-
-
-def until(check: Callable[[], T | None], what: str, timeout: float = 60) -> T:
-    """Poll real processes until ``check`` gives a value (a deadline, not a sleep)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value is not None and value is not False:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -302,7 +290,7 @@ class FaultEnv:
                 ok = "system-reporter-plugin" in doc["plugins"] and cnr.get("spec")
                 return {k: cnr.get(k) for k in ("spec", "status")} if ok else None
 
-            return until(merged, "the fresh agent's CNR")
+            return until(merged, "the fresh agent's CNR", timeout=60)
         finally:
             agent.stop()
             shutil.rmtree(registry, ignore_errors=True)
@@ -588,7 +576,7 @@ class FaultEnv:
         until(
             lambda: self.diff().equal and self.ready(),
             "the slices to equal the plugin's inventory and the agent to be ready",
-            timeout,
+            timeout=timeout,
         )
         return time.monotonic()
 

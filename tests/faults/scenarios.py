@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.faults.env import DRIVER, NODE, FaultEnv, inventory, until
+from tests.faults.env import DRIVER, NODE, FaultEnv, inventory
 from tests.support.faultproxy import FaultProxy
+from tests.support.wait import until
 
 # How long the cluster may stay wrong after a fault clears, and the writes a scenario may add
 # beyond the ones its change needs (retries of writes the fault broke). docs/testing/faults.md
@@ -176,6 +177,7 @@ def stall(ctx: Ctx) -> float:
             'nodeagent_watch_restarts_total{resource="resourceslices",reason="inactivity"}',
         ),
         "the stalled slice watch to be noticed",
+        timeout=60,
     )
     return start
 
@@ -273,7 +275,7 @@ def node_recreated(ctx: Ctx) -> float:
     env = ctx.env
     status, body = env.admin("DELETE", f"/api/v1/nodes/{NODE}")
     assert status == 200, body
-    until(lambda: env.node_uid() is None, "the Node to be gone")
+    until(lambda: env.node_uid() is None, "the Node to be gone", timeout=60)
     env.ensure_node()
     ctx.needed = 2  # the slice re-owned, the condition written on the new Node
     return time.monotonic()
@@ -297,6 +299,7 @@ def cert_rotation(ctx: Ctx) -> float:
     until(
         lambda: any(r.identity == "node-a-rotated" for r in proxy.requests if r.at > rotated_at),
         "a request with the rotated certificate",
+        timeout=60,
     )
     return rotated_at
 
@@ -343,7 +346,7 @@ def plugin_flood(ctx: Ctx) -> float:
     start = time.monotonic()
     env.set_inventory(inventory(4, "flooded"), flood=2000)
     flood = env.inventory_file.with_suffix(".json.flood")
-    until(lambda: not flood.exists(), "the plugin to send its flood")
+    until(lambda: not flood.exists(), "the plugin to send its flood", timeout=60)
     lasted = time.monotonic() - start
     ctx.extra_bound = math.ceil(lasted / 0.1) + 1
     ctx.notes.append(f"the flood lasted {lasted:.1f} s")
@@ -360,6 +363,7 @@ def plugin_invalid(ctx: Ctx) -> float:
     until(
         lambda: "Not_A_Label" in json.dumps(env.admin("GET", "/api/v1/namespaces/default/events")),
         "the rejection Event",
+        timeout=60,
     )
     if not env.diff().equal:
         ctx.notes.append("the last valid inventory was not kept")
@@ -374,7 +378,7 @@ def plugin_socket_deleted(ctx: Ctx) -> float:
     env = ctx.env
     for sock in Path(env.registry).glob("*.sock"):
         sock.unlink()
-    until(lambda: not env.plugin_registered(), "the agent to see the plugin gone")
+    until(lambda: not env.plugin_registered(), "the agent to see the plugin gone", timeout=60)
     if not env.diff().equal:
         ctx.notes.append("slices changed within the disconnect grace")
     env.kill_plugin()
@@ -430,6 +434,7 @@ def corrupt_checkpoint(ctx: Ctx) -> float:
     until(
         lambda: len(list((env.state_dir / "checkpoints").glob("*.corrupt-*"))) >= len(files),
         "the corrupt checkpoints to be moved aside",
+        timeout=60,
     )
     return time.monotonic()
 
@@ -464,6 +469,7 @@ def full_disk(ctx: Ctx) -> float:
     failures = until(
         lambda: metric(agent.get("/metrics")[1], "nodeagent_checkpoint_write_failures_total"),
         "a failed checkpoint write",
+        timeout=60,
     )
     ctx.notes.append(f"disk full: {failures:.0f} checkpoint writes failed, slices and CNR right")
     filler.unlink()
