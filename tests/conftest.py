@@ -1,7 +1,11 @@
-"""Settings for every test directory."""
+"""Settings and fixtures for every test directory."""
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
 
 # A loaded CI machine (two cores, an apiserver and agent processes beside the tests) runs some
@@ -20,3 +24,12 @@ settings.load_profile(
 # the run's own, a kubelet and containerd); elsewhere they are not collected at all, so no run
 # shows them as skipped.
 collect_ignore = [] if os.environ.get("NODEAGENT_REAL_NODE") == "1" else ["realnode"]
+
+
+@pytest.fixture
+def registry() -> Iterator[str]:
+    """A plugin registry directory under /tmp: unix socket paths are limited to 107 bytes, and
+    pytest's tmp_path can be longer."""
+    path = tempfile.mkdtemp(prefix="na-reg-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

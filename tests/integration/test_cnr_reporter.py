@@ -5,18 +5,15 @@ writer against the real kube-apiserver."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import msgspec
-import pytest
 import trio
 
 from nodeagent.accumulator import AccumulatorSettings
@@ -60,13 +57,6 @@ TAINT = {"key": "node.katalyst.kubewharf.io/p", "effect": "NoSchedule", "qosLeve
 
 def item(field_type: FieldType, name: str, value: Any) -> ReportItem:
     return ReportItem(CNR_GROUP, CNR_VERSION, CNR_KIND, field_type, name, value)
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-cnr-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @asynccontextmanager

@@ -13,9 +13,7 @@ expected dropped):
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -157,13 +155,6 @@ async def declared(apiserver: ApiServer, admin: KubeClient) -> KubeClient:
 async def bridge() -> AsyncIterator[GrpcBridge]:
     async with open_grpc_bridge() as opened:
         yield opened
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-dm-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def devices(default: str = "1G") -> list[Device]:

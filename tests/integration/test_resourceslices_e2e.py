@@ -3,9 +3,7 @@ the publisher -> the real kube-apiserver, with node credentials."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -36,13 +34,6 @@ DRIVER = "seed.example.com"
 async def bridge() -> AsyncIterator[GrpcBridge]:
     async with open_grpc_bridge() as opened:
         yield opened
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-rs-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def devices(memory: str) -> list[Device]:

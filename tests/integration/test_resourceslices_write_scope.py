@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from contextlib import suppress
 from typing import Any
 
@@ -218,18 +217,8 @@ async def test_another_nodes_slice_is_refused_and_reported(
     assert msgspec.json.decode(body)["items"] == []
 
 
-@pytest.fixture
-def short_registry() -> Iterator[str]:
-    import shutil
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="na-rsg-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 async def test_seed_plugin_written_with_grpcio(
-    apiserver: ApiServer, admin: KubeClient, grpcio_modules: str, short_registry: str
+    apiserver: ApiServer, admin: KubeClient, grpcio_modules: str, registry: str
 ) -> None:
     driver = "grpcio-seed.example.com"
     bridge: GrpcBridge
@@ -238,7 +227,7 @@ async def test_seed_plugin_written_with_grpcio(
         client_for(apiserver, NODE) as client,
         trio.open_nursery() as nursery,
     ):
-        manager = PluginManager(fast_settings(short_registry), bridge)
+        manager = PluginManager(fast_settings(registry), bridge)
         acc = Accumulator(client, publisher_queries(NODE))
         pub = Publisher(
             node_name=NODE,
@@ -250,7 +239,7 @@ async def test_seed_plugin_written_with_grpcio(
         await nursery.start(manager.run)
         await nursery.start(acc.run)
         await nursery.start(pub.run)
-        socket = os.path.join(short_registry, "grpcio-seed.sock")
+        socket = os.path.join(registry, "grpcio-seed.sock")
         process = await trio.lowlevel.open_process(
             [sys.executable, str(PLUGIN), grpcio_modules, "dra", socket, driver],
             stdin=subprocess.PIPE,
@@ -294,7 +283,7 @@ async def test_seed_plugin_written_with_grpcio(
 
 
 async def test_native_sdk_plugin_300_devices_and_zero_write_resends(
-    apiserver: ApiServer, admin: KubeClient, short_registry: str
+    apiserver: ApiServer, admin: KubeClient, registry: str
 ) -> None:
     """A native-API plugin (the SDK over a unix socket, through the plugin manager): 300 devices
     make one pool of 3 slices; re-sending the same inventory, or one equal up to quantity
@@ -323,7 +312,7 @@ async def test_native_sdk_plugin_300_devices_and_zero_write_resends(
         client_for(apiserver, NODE) as client,
         trio.open_nursery() as nursery,
     ):
-        manager = PluginManager(fast_settings(short_registry), bridge)
+        manager = PluginManager(fast_settings(registry), bridge)
         acc = Accumulator(client, publisher_queries(NODE))
         pub = Publisher(
             node_name=NODE,
@@ -336,7 +325,7 @@ async def test_native_sdk_plugin_300_devices_and_zero_write_resends(
         await nursery.start(acc.run)
         await nursery.start(pub.run)
         async with DevicePlugin.serve(
-            name=driver, registry_dir=short_registry, bridge=bridge, pool="gpus"
+            name=driver, registry_dir=registry, bridge=bridge, pool="gpus"
         ) as plugin:
             await plugin.publish(devices("1024Mi"))
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import trio
@@ -17,14 +15,6 @@ from nodeagent.rpc import GrpcBridge, open_grpc_bridge
 async def bridge() -> AsyncIterator[GrpcBridge]:
     async with open_grpc_bridge() as opened:
         yield opened
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    # Short path: unix socket paths are limited to 107 bytes, pytest's tmp_path can be longer.
-    path = tempfile.mkdtemp(prefix="na-reg-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def fast_settings(registry: str, **overrides: object) -> PluginSettings:

@@ -15,12 +15,9 @@ changed report is rightly written."""
 
 from __future__ import annotations
 
-import pathlib
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -114,20 +111,13 @@ NAMES = ("zones", "labels", "nic")
 
 
 @pytest.fixture
-def registry() -> Iterator[pathlib.Path]:
-    path = pathlib.Path(tempfile.mkdtemp(prefix="na-cnrw-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def plugins(registry: pathlib.Path) -> Iterator[Callable[[], None]]:
+def plugins(registry: str) -> Iterator[Callable[[], None]]:
     """Starts the three plugin processes when called (after the first agent: see the test)."""
     procs: list[subprocess.Popen[str]] = []
 
     def start() -> None:
         procs.extend(
-            subprocess.Popen([sys.executable, "-c", PLUGIN, name, str(registry)], text=True)
+            subprocess.Popen([sys.executable, "-c", PLUGIN, name, registry], text=True)
             for name in NAMES
         )
 
@@ -170,7 +160,7 @@ def _foreign_label(apiserver: ApiServer) -> None:
 
 
 def _start(
-    start_agent: StartAgent, apiserver: ApiServer, registry: pathlib.Path, *args: str
+    start_agent: StartAgent, apiserver: ApiServer, registry: str, *args: str
 ) -> AgentProcess:
     agent = start_agent(
         "--kubeconfig",
@@ -178,7 +168,7 @@ def _start(
         "--node-name",
         NODE,
         "--registry-dir",
-        str(registry),
+        registry,
         "--set",
         "reporter.system_reporter=false",
         "--set",
@@ -216,7 +206,7 @@ def _synced(agent: AgentProcess) -> bool:
 def test_restarts_with_unchanged_plugins_write_nothing(
     apiserver: ApiServer,
     start_agent: StartAgent,
-    registry: pathlib.Path,
+    registry: str,
     plugins: Callable[[], None],
 ) -> None:
     # The plugins come after the first agent created the CNR: their reports arrive within

@@ -9,11 +9,9 @@ dry-run agent would write nothing."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -82,13 +80,6 @@ def node(apiserver: ApiServer) -> Iterator[None]:
     trio.run(prepare, True)
     yield
     trio.run(prepare, False)
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-dry-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -15,11 +15,9 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import suppress
@@ -248,11 +246,9 @@ def _expected_response(content: dict[str, Any]) -> rp.GetReportContentResponse:
 
 
 @pytest.fixture
-def plugin_dir() -> Iterator[pathlib.Path]:
-    # Under /tmp: unix socket paths are limited to 107 bytes, which pytest's tmp_path can exceed.
-    path = pathlib.Path(tempfile.mkdtemp(prefix="na-kat-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def plugin_dir(registry: str) -> pathlib.Path:
+    """The shared registry directory (tests/conftest.py) as a Path."""
+    return pathlib.Path(registry)
 
 
 def _unary_raw(channel: grpc.Channel, path: str, request: bytes) -> bytes:

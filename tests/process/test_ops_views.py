@@ -8,13 +8,13 @@ import subprocess
 from typing import Any
 
 from tests.process.conftest import StartAgent
-from tests.process.test_process_cnr import plugin, registry  # noqa: F401  (fixtures)
+from tests.process.test_process_cnr import plugin  # noqa: F401  (a fixture)
 from tests.support.wait import until
 
 
 def test_plugins_view_shows_reporter_values_as_json(
     start_agent: StartAgent,
-    registry: str,  # noqa: F811
+    registry: str,
     plugin: subprocess.Popen[str],  # noqa: F811
 ) -> None:
     agent = start_agent("--node-name", "node-a", "--registry-dir", registry)

@@ -4,11 +4,9 @@ CustomNodeResource on /v1/cnr and in `nodeagent status`, nothing written."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,13 +33,6 @@ async def main(registry_dir):
 
 trio.run(main, sys.argv[1])
 """
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-pc-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

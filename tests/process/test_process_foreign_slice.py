@@ -18,11 +18,9 @@ slice is deleted."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -79,13 +77,6 @@ def admin_call(apiserver: ApiServer, verb: str, name: str = "") -> str:
             return name
 
     return trio.run(call)
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-fs-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class PluginProcess:

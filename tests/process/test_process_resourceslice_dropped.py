@@ -25,7 +25,6 @@ from tests.process.test_process_resourceslices import (
     metric_sum,
     node,
     node_slices,
-    registry,
     settled,
     start_cluster_agent,
 )
@@ -33,7 +32,7 @@ from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module", release="1.35", gates="default")
-__all__ = ["node", "registry"]  # fixtures, re-used
+__all__ = ["node"]  # a fixture, re-used
 
 PLUGIN = """
 import sys, trio

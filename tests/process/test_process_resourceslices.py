@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from contextlib import suppress
 from typing import Any, TypeVar
@@ -66,13 +64,6 @@ def node(apiserver: ApiServer) -> Iterator[None]:
     trio.run(prepare, True)
     yield
     trio.run(prepare, False)
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-ps-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

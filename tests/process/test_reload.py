@@ -7,27 +7,14 @@ changes (standalone: no apiserver, so the outcome is in the log, metrics and sta
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import socket
 import subprocess
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
 from tests.support.wait import until
-
-
-@pytest.fixture
-def registry() -> Iterator[Path]:
-    # Short: unix socket paths are limited to 107 bytes, pytest's tmp_path can be longer.
-    path = Path(tempfile.mkdtemp(prefix="na-hup-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _doc(agent: AgentProcess, path: str) -> Any:
@@ -51,7 +38,7 @@ def _reload(agent: AgentProcess, file: Path, text: str, expect: str) -> dict[str
 
 
 def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_file(
-    start_agent: StartAgent, tmp_path: Path, registry: Path
+    start_agent: StartAgent, tmp_path: Path, registry: str
 ) -> None:
     base = f'[plugins]\nregistry_dir = "{registry}"\n'
     agent = start_agent(config=base + 'scan_interval = 3600.0\n[agent]\nlog_level = "info"\n')
@@ -68,7 +55,7 @@ def test_sighup_applies_dynamic_fields_and_keeps_the_running_config_on_a_bad_fil
     assert config["agent"]["log_level"] == "warning"
     # Behaviour: a socket created now is found at the new interval, not in an hour.
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.bind(str(registry / "p.sock"))
+        sock.bind(f"{registry}/p.sock")
         sock.listen(8)
         until(lambda: _doc(agent, "/v1/plugins"), "the new socket in /v1/plugins", timeout=30)
 
@@ -122,7 +109,7 @@ TRIAL = 10.0  # dynconfig.trial_duration of the trial test's files, in seconds
 
 
 def test_sighup_good_file_survives_its_trial_and_a_bad_one_is_rolled_back(
-    start_agent: StartAgent, tmp_path: Path, registry: Path
+    start_agent: StartAgent, tmp_path: Path, registry: str
 ) -> None:
     base = f'[plugins]\nregistry_dir = "{registry}"\n'
     # Long enough that the good file is still on trial when /v1/config and `nodeagent status`

@@ -5,16 +5,11 @@ behind): /v1/resourceslices shows the driver's pool, not registered, for the con
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_process_resourceslices import DRIVER, NODE, PLUGIN
@@ -28,13 +23,6 @@ probe_interval = 0.5
 [resources]
 disconnect_grace = {GRACE}
 """
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-gd-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def driver_view(agent: AgentProcess) -> dict[str, Any] | None:

@@ -13,11 +13,9 @@ import asyncio
 import contextlib
 import gc
 import os
-import shutil
 import socket
 import struct
 import sys
-import tempfile
 import threading
 import warnings
 from collections.abc import AsyncIterator, Iterator
@@ -102,13 +100,6 @@ class Registration(reg_grpc.RegistrationBase):
 
 
 @pytest.fixture
-def directory() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-rpc-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 async def bridge() -> AsyncIterator[GrpcBridge]:
     async with open_grpc_bridge() as opened:
         # Started (the loop and its thread start on the first call), so that the descriptors
@@ -134,10 +125,10 @@ async def wait_value(value: LatestValue[int], at_least: int) -> None:
 
 
 async def test_cancelling_a_stream_resets_it_and_closing_the_channel_closes_the_socket(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
     plugin = Reporter()
-    path = os.path.join(directory, "p.sock")
+    path = os.path.join(registry, "p.sock")
     fds_before = open_fds()
     async with bridge.serve([plugin], path):
         tasks_before = await asyncio_tasks(bridge)
@@ -162,11 +153,11 @@ async def test_cancelling_a_stream_resets_it_and_closing_the_channel_closes_the_
 
 
 async def test_200_cancelled_streams_leave_no_asyncio_task_or_descriptor(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
     # Four plugins, 50 streams each (an HTTP/2 connection carries 100 concurrent streams).
     plugins = [Reporter() for _ in range(4)]
-    paths = [os.path.join(directory, f"p{i}.sock") for i in range(len(plugins))]
+    paths = [os.path.join(registry, f"p{i}.sock") for i in range(len(plugins))]
     fds_before = open_fds()
     async with contextlib.AsyncExitStack() as servers:
         for plugin, path in zip(plugins, paths, strict=True):
@@ -262,10 +253,10 @@ async def test_a_cancelled_error_of_the_asyncio_side_is_an_rpc_error(bridge: Grp
 
 
 async def test_a_stream_cancelled_on_the_asyncio_side_ends_with_an_rpc_error(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
     plugin = Reporter()
-    path = os.path.join(directory, "p.sock")
+    path = os.path.join(registry, "p.sock")
 
     async def cancel_pumps() -> int:
         pumps = [
@@ -290,8 +281,8 @@ async def test_a_stream_cancelled_on_the_asyncio_side_ends_with_an_rpc_error(
                 await replies.__anext__()
 
 
-async def test_grpc_failures_are_rpc_errors(bridge: GrpcBridge, directory: str) -> None:
-    path = os.path.join(directory, "p.sock")
+async def test_grpc_failures_are_rpc_errors(bridge: GrpcBridge, registry: str) -> None:
+    path = os.path.join(registry, "p.sock")
     async with bridge.channel(path) as channel:  # nothing listens
         stub = channel.stub(rep_grpc.ReporterPluginStub)
         with pytest.raises(RpcError) as info:
@@ -308,13 +299,13 @@ async def test_grpc_failures_are_rpc_errors(bridge: GrpcBridge, directory: str) 
 
 
 async def test_the_limit_is_enforced_from_the_length_prefix(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
     # The plugin announces 400 MB and sends 16 bytes of it, then nothing: a bridge that waited
     # for the body would wait forever; this one refuses the prefix.
     plugin = Reporter()
     plugin.huge_prefix = 400 * 1024 * 1024
-    path = os.path.join(directory, "p.sock")
+    path = os.path.join(registry, "p.sock")
     async with bridge.serve([plugin], path), bridge.channel(path, max_message_bytes=1024) as ch:
         stub = ch.stub(rep_grpc.ReporterPluginStub)
         async with bridge.server_stream(stub.ListAndWatchReportContent, rep.Empty()) as replies:
@@ -323,8 +314,8 @@ async def test_the_limit_is_enforced_from_the_length_prefix(
     assert (info.value.size, info.value.limit) == (400 * 1024 * 1024, 1024)
 
 
-async def test_every_connection_is_checked_before_use(bridge: GrpcBridge, directory: str) -> None:
-    path = os.path.join(directory, "p.sock")
+async def test_every_connection_is_checked_before_use(bridge: GrpcBridge, registry: str) -> None:
+    path = os.path.join(registry, "p.sock")
     checked: list[tuple[int, str]] = []
     refuse = False
 
@@ -405,9 +396,9 @@ FLOOD = 1000
 
 
 async def test_a_flood_is_read_ahead_a_bounded_batch_at_a_time_in_order(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
-    path = os.path.join(directory, "p.sock")
+    path = os.path.join(registry, "p.sock")
     async with bridge.serve([Flood()], path), bridge.channel(path) as channel:
         stub = channel.stub(rep_grpc.ReporterPluginStub)
         async with bridge.server_stream(stub.ListAndWatchReportContent, rep.Empty()) as replies:
@@ -429,7 +420,7 @@ async def _loop_turns(count: int) -> None:
         await asyncio.sleep(0)
 
 
-async def test_an_sdk_plugin_serves_on_a_bridge_of_its_own(directory: str) -> None:
+async def test_an_sdk_plugin_serves_on_a_bridge_of_its_own(registry: str) -> None:
     # The SDK's serving side (its own bridge when none is given) against the agent's side.
     threads = threading.active_count()
     item = ReportItem(
@@ -438,7 +429,7 @@ async def test_an_sdk_plugin_serves_on_a_bridge_of_its_own(directory: str) -> No
     with trio.fail_after(10):
         async with (
             open_grpc_bridge() as agent,
-            ReporterPlugin.serve(name="sdk", registry_dir=directory) as plugin,
+            ReporterPlugin.serve(name="sdk", registry_dir=registry) as plugin,
             agent.channel(plugin.socket_path) as channel,
         ):
             assert threading.active_count() == threads + 2  # two bridges, two loop threads
@@ -496,12 +487,12 @@ def unraisable_and_resource_warnings() -> Iterator[list[str]]:
 
 
 async def test_leaving_serve_closes_every_connection_the_server_accepted(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
     # grpclib's close() leaves accepted connections open: on 3.12+ asyncio then waited for the
     # agent to hang up (never, while it keeps its channel: serve's exit hung 5 s, then gave up),
     # and on 3.11 their sockets outlived the server until the garbage collector found them.
-    path = os.path.join(directory, "p.sock")
+    path = os.path.join(registry, "p.sock")
     raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         async with bridge.channel(path) as channel:
@@ -521,7 +512,7 @@ async def test_leaving_serve_closes_every_connection_the_server_accepted(
 
 
 async def test_a_connection_accepted_as_the_server_stops_is_closed_with_it(
-    bridge: GrpcBridge, directory: str
+    bridge: GrpcBridge, registry: str
 ) -> None:
     # The race behind test_upstream_layout's failures on CPython 3.15 (a plugin's server closing
     # while the agent's scan dials it): asyncio accepts a connection in one callback and makes
@@ -530,7 +521,7 @@ async def test_a_connection_accepted_as_the_server_stops_is_closed_with_it(
     # collector, which on 3.12+ woke the closed server a second time (an unraisable TypeError
     # in Server._wakeup) and on 3.11 reported an unclosed transport.
     grpc = _grpc_module()
-    path = os.path.join(directory, "p.sock")
+    path = os.path.join(registry, "p.sock")
     clients: list[socket.socket] = []
 
     async def race() -> None:
