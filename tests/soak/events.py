@@ -22,7 +22,7 @@ from tests.soak.invariants import (
     Invariants,
     stop_agent,
 )
-from tests.soak.world import NAC_PATH, SLICES_PATH, ApiDown, Plugin, inventory
+from tests.soak.world import NAC_PATH, SLICES_PATH, ApiDown, Plugin, inventory, report
 
 NAC_NAME = "soak"
 # Pool sizes: across the 128-device slice boundary both ways (a pool growing to two slices and
@@ -79,6 +79,29 @@ def plugin_inventory(inv: Invariants, rng: random.Random) -> str:
     p = rng.choice(_running(inv))
     p.set_inventory(_new_inventory(rng, inv.step))
     return f"inventory of {p.node}/{p.driver} -> {len(p.devices)} devices"
+
+
+def reporter_kill(inv: Invariants, rng: random.Random) -> str:
+    """A reporter plugin killed (SIGKILL leaves its socket): its fields leave the CNR once its
+    grace is over."""
+    r = rng.choice([r for r in inv.world.reporters if r.running])
+    signum = rng.choice((signal.SIGKILL, signal.SIGTERM))
+    r.stop(signum)
+    return f"{signal.Signals(signum).name} reporter {r.node}/{r.driver}"
+
+
+def reporter_start(inv: Invariants, rng: random.Random) -> str:
+    r = rng.choice([r for r in inv.world.reporters if not r.running])
+    if rng.random() < 0.5:
+        r.set_inventory(report(r.driver, f"s{inv.step}"))
+    r.start()
+    return f"start reporter {r.node}/{r.driver} ({r.devices[0]['value']})"
+
+
+def reporter_report(inv: Invariants, rng: random.Random) -> str:
+    r = rng.choice([r for r in inv.world.reporters if r.running])
+    r.set_inventory(report(r.driver, f"s{inv.step}"))
+    return f"reporter {r.node}/{r.driver} reports {r.devices[0]['value']}"
 
 
 def _restart_agent(inv: Invariants, signum: int) -> None:
@@ -245,6 +268,21 @@ TABLE = (
     Event("plugin_start", 4, lambda inv: bool(_stopped(inv)), plugin_start),
     Event("plugin_upgrade", 2, lambda inv: bool(_running(inv)), plugin_upgrade),
     Event("plugin_inventory", 4, lambda inv: bool(_running(inv)), plugin_inventory),
+    Event(
+        "reporter_kill", 2, lambda inv: any(r.running for r in inv.world.reporters), reporter_kill
+    ),
+    Event(
+        "reporter_start",
+        2,
+        lambda inv: any(not r.running for r in inv.world.reporters),
+        reporter_start,
+    ),
+    Event(
+        "reporter_report",
+        2,
+        lambda inv: any(r.running for r in inv.world.reporters),
+        reporter_report,
+    ),
     Event("agent_sigterm", 2, lambda inv: True, agent_sigterm),
     Event("agent_sigkill", 2, lambda inv: True, agent_sigkill),
     Event(

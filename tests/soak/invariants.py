@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.soak.crash_agent import CRASH_EXIT
-from tests.soak.world import MANAGED_BY, NODES, SLICE_MAX, ApiDown, Plugin, World
+from tests.soak.world import (
+    MANAGED_BY,
+    NODES,
+    REPORT_PREFIX,
+    SLICE_MAX,
+    ApiDown,
+    Plugin,
+    World,
+)
 
 # The bounds (docs/testing/soak.md explains each).
 # Seconds for the world to converge once an event is done (the apiserver serving again after
@@ -31,6 +39,7 @@ from tests.soak.world import MANAGED_BY, NODES, SLICE_MAX, ApiDown, Plugin, Worl
 SETTLE_BOUND = 60.0
 DISCONNECT_GRACE = 2.0  # resources.disconnect_grace in world.SETTINGS
 STARTUP_GRACE = 3.0  # resources.startup_grace in world.SETTINGS
+REPORTER_GRACE = 2.0  # reporter.grace in world.SETTINGS
 CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
 RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
 FD_GROWTH = 32  # open files above an agent's baseline, sustained over five samples
@@ -187,6 +196,22 @@ def owner_difference(node: str, uid: str, slices: list[dict[str, Any]]) -> str |
         and [o.get("uid") for o in s["metadata"].get("ownerReferences", [])] != [uid]
     ]
     return f"{node}: slices {wrong[:3]} not owned by the Node's UID {uid}" if wrong else None
+
+
+def reporter_difference(reporter: Plugin, annotations: dict[str, str], now: float) -> str | None:
+    """Why the node's CNR does not hold what a reporter plugin reports (None: it does): a
+    running one's fields there with its values, a stopped one's gone."""
+    want = {d["name"]: d["value"] for d in reporter.devices}
+    got = {k: annotations[k] for k in want if k in annotations}
+    if reporter.running and got != want:
+        return f"{reporter.node} CNR: reporter {reporter.driver} reports {want}, the CNR has {got}"
+    if not reporter.running and got:
+        stopped = now - (reporter.stopped_at or now)
+        return (
+            f"{reporter.node} CNR: reporter {reporter.driver} stopped {stopped:.0f} s ago "
+            f"(grace {REPORTER_GRACE:g} s), its fields {got} still in the CNR"
+        )
+    return None
 
 
 def plugin_difference(plugin: Plugin, specs: list[dict[str, Any]]) -> str | None:
@@ -473,6 +498,16 @@ class Invariants:
                         f"{node}/{plugin.driver}: stopped {stopped:.0f} s ago "
                         f"(grace {DISCONNECT_GRACE:g} s), {len(specs)} slices still published"
                     )
+            reporters = [r for r in world.reporters if r.node == node]
+            annotations = world.cnr_annotations(node) if reporters else {}
+            for reporter in reporters:
+                diff = reporter_difference(reporter, annotations, now)
+                if diff:
+                    out.append(diff)
+            stray = [k for k in annotations if k.startswith(REPORT_PREFIX)]
+            known = {d["name"] for r in reporters for d in r.devices}
+            if set(stray) - known:
+                out.append(f"{node} CNR: fields of no reporter {sorted(set(stray) - known)}")
             doc = agent.doc("/v1/config")
             dyn = doc["dynamic"] or {}
             uid, cond = world.node(node)

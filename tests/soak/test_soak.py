@@ -5,6 +5,7 @@ so none of them is one that cannot fail."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,11 @@ from tests.soak.invariants import (
     plugin_difference,
     pool_problems,
     published,
+    reporter_difference,
     writes_of,
 )
 from tests.soak.runner import run
-from tests.soak.world import Plugin, inventory
+from tests.soak.world import REPORTER, Plugin, inventory, report
 
 SEED = 29  # fixed: the suite's verdict is the code's, not the draw's
 
@@ -97,6 +99,21 @@ def test_a_crash_inducing_config_not_rolled_back_is_seen() -> None:
     assert crash_difference(0.9, "abc", 0.3, None)  # no condition
     assert crash_difference(0.9, "abc", 0.3, {**named, "reason": "Active"})
     assert crash_difference(0.9, "def", 0.3, named)  # another config named
+
+
+def test_a_reporter_missing_from_the_cnr_or_left_past_its_grace_is_seen(tmp_path: Path) -> None:
+    r = Plugin("node-a", "alpha", "/nonexistent", tmp_path / "r.json", program=REPORTER)
+    r.set_inventory(report("alpha", "s1"))
+    r.proc = subprocess.Popen(["sleep", "30"])  # a running reporter, as far as the check goes
+    try:
+        here = {"soak.nodeagent.io/alpha": "s1", "other": "x"}
+        assert reporter_difference(r, here, 0.0) is None
+        assert reporter_difference(r, {}, 0.0)  # not in the CNR
+        assert reporter_difference(r, {"soak.nodeagent.io/alpha": "s0"}, 0.0)  # an old value
+    finally:
+        r.stop()
+    assert reporter_difference(r, {}, 0.0) is None  # stopped, gone
+    assert reporter_difference(r, here, 0.0)  # stopped, still there
 
 
 def test_seeded_soak(tmp_path: Path) -> None:

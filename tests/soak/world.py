@@ -7,6 +7,7 @@ Everything is a real process; the world only starts, signals and reads them.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -26,7 +27,12 @@ import trio
 from tests.integration.conftest import client_for
 from tests.process.conftest import NotifyListener
 from tests.support.apiserver import ApiServer, start_apiserver
-from tests.support.crds import REPO_ROOT, apply_manifest
+from tests.support.crds import (
+    REPO_ROOT,
+    apply_manifest,
+    install_cnr_crd,
+    install_cnr_node_access,
+)
 from tests.support.faultproxy import FaultProxy
 from tests.support.nodeagentconfig import install_nodeagentconfig_crd, loosen_nodeagentconfig_crd
 
@@ -35,6 +41,8 @@ SLICE_MAX = 128  # devices per slice, as the agent lays a native pool out
 NAC_ACCESS = REPO_ROOT / "deploy" / "kubernetes" / "nodeagentconfig-node-access.yaml"
 NAC_PATH = "/apis/nodeagent.io/v1alpha1/nodeagentconfigs"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
+CNR_PATH = "/apis/node.katalyst.kubewharf.io/v1alpha1/customnoderesources"
+REPORT_PREFIX = "soak.nodeagent.io/"  # the reporter plugins' CNR annotations: prefix + name
 MANAGED_BY = "app.kubernetes.io/managed-by"
 
 # Time-compressed settings (the process tests' values, or shorter): a trial of 20 s, plugin
@@ -46,35 +54,77 @@ SETTINGS = (
     "dynconfig.unready_bound=10",
     "resources.disconnect_grace=2",
     "resources.startup_grace=3",
+    "reporter.grace=2",
     "plugins.scan_interval=0.2",
     "plugins.probe_interval=0.5",
     "agent.cluster_probe_interval=0.5",
 )
 
-# A native-API DRA plugin: publishes the JSON device list in a file whenever the file changes.
-# No signal handling (as a killed or OOM-killed driver): SIGKILL and SIGTERM leave its socket.
-PLUGIN = """
+# The loop both plugin programs run: ``send(plugin, data)`` with the JSON in a file whenever the
+# file changes. No signal handling (as a killed or OOM-killed plugin): SIGKILL and SIGTERM leave
+# its socket.
+WATCH = """
 import json, os, sys, trio
+
+async def watch(plugin, path, send):
+    seen = None
+    while True:
+        stamp = os.stat(path).st_mtime_ns
+        if stamp != seen:
+            seen = stamp
+            with open(path) as f:
+                await send(plugin, json.load(f))
+        await trio.sleep(0.05)
+"""
+
+# A native-API DRA plugin: publishes the device list in its file.
+PLUGIN = (
+    WATCH
+    + """
 from nodeagent.sdk import Device, DevicePlugin
+
+async def publish(plugin, devices):
+    await plugin.publish([
+        Device(d["name"], d["attributes"], capacity=d["capacity"]) for d in devices
+    ])
 
 async def main(registry_dir, path, driver, pool):
     async with DevicePlugin.serve(
         name=driver, registry_dir=registry_dir, api="native", pool=pool
     ) as plugin:
-        seen = None
-        while True:
-            stamp = os.stat(path).st_mtime_ns
-            if stamp != seen:
-                seen = stamp
-                with open(path) as f:
-                    devices = json.load(f)
-                await plugin.publish([
-                    Device(d["name"], d["attributes"], capacity=d["capacity"]) for d in devices
-                ])
-            await trio.sleep(0.05)
+        await watch(plugin, path, publish)
 
 trio.run(main, *sys.argv[1:])
 """
+)
+
+# A Katalyst reporter plugin (SDK `ReporterPlugin`): reports the CNR annotations of the list
+# ({"name", "value"}) in its file.
+REPORTER = (
+    WATCH
+    + """
+from nodeagent.sdk import ReporterPlugin
+from nodeagent.sdk.reporter import ReportItem
+
+GVK = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")
+
+async def report(plugin, fields):
+    await plugin.report([ReportItem(
+        *GVK, "Metadata", "Annotations", {d["name"]: d["value"] for d in fields}
+    )])
+
+async def main(registry_dir, path, name, node):
+    async with ReporterPlugin.serve(name=name, registry_dir=registry_dir) as plugin:
+        await watch(plugin, path, report)
+
+trio.run(main, *sys.argv[1:])
+"""
+)
+
+
+def report(name: str, tag: str) -> list[dict[str, Any]]:
+    """A reporter plugin's fields: one CNR annotation, its value ``tag``."""
+    return [{"name": REPORT_PREFIX + name, "value": tag}]
 
 
 def inventory(n: int, tag: str) -> list[dict[str, Any]]:
@@ -100,6 +150,7 @@ class Plugin:
     devices: list[dict[str, Any]] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     stopped_at: float | None = None  # monotonic, when the soak last stopped it
+    program: str = PLUGIN  # PLUGIN (a DRA driver: devices) or REPORTER (devices: its fields)
 
     @property
     def running(self) -> bool:
@@ -116,7 +167,7 @@ class Plugin:
             [
                 sys.executable,
                 "-c",
-                PLUGIN,
+                self.program,
                 self.registry,
                 str(self.inventory_file),
                 self.driver,
@@ -191,6 +242,10 @@ class Agent:
                 return resp.status, resp.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+        except http.client.HTTPException as exc:
+            # Half an answer: the agent died while it wrote it (a crash-inducing config, a
+            # kill). Not observable now, as a refused connection.
+            raise OSError(f"GET {path}: {exc!r}") from exc
 
     def doc(self, path: str) -> Any:
         status, body = self.get(path)
@@ -231,6 +286,7 @@ class World:
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
     agents: dict[str, Agent] = field(default_factory=dict)
     plugins: list[Plugin] = field(default_factory=list)
+    reporters: list[Plugin] = field(default_factory=list)  # program REPORTER
     agent_runs: int = 0
 
     @classmethod
@@ -267,6 +323,10 @@ class World:
             await install_nodeagentconfig_crd(admin)
             await apply_manifest(admin, NAC_ACCESS)
             await loosen_nodeagentconfig_crd(admin)
+            await install_cnr_crd(admin)
+            for node in NODES:
+                async with client_for(self.apiserver, node) as node_client:
+                    await install_cnr_node_access(admin, node_client, node)
 
     def add_plugin(self, node: str, driver: str, devices: list[dict[str, Any]]) -> Plugin:
         inv = self.dir / f"inventory-{node}-{driver}.json"
@@ -275,6 +335,14 @@ class World:
         plugin.start()
         self.plugins.append(plugin)
         return plugin
+
+    def add_reporter(self, node: str, name: str, tag: str) -> Plugin:
+        path = self.dir / f"report-{node}-{name}.json"
+        reporter = Plugin(node, name, self.registries[node], path, program=REPORTER)
+        reporter.set_inventory(report(name, tag))
+        reporter.start()
+        self.reporters.append(reporter)
+        return reporter
 
     def start_agent(self, node: str) -> Agent:
         agent = Agent(self, node)
@@ -287,7 +355,11 @@ class World:
     def admin(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
         try:
             return self.apiserver.request(method, path, body)
-        except (OSError, ValueError) as exc:  # refused, reset, timed out, half a body
+        except (
+            OSError,
+            ValueError,
+            http.client.HTTPException,
+        ) as exc:  # refused, reset, half a body
             raise ApiDown(f"{method} {path}: {exc}") from exc
 
     def ensure_node(self, node: str) -> None:
@@ -308,6 +380,15 @@ class World:
         items: list[dict[str, Any]] = body["items"]
         return items
 
+    def cnr_annotations(self, node: str) -> dict[str, str]:
+        """The annotations of the node's CustomNodeResource (none while it does not exist)."""
+        status, body = self.admin("GET", f"{CNR_PATH}/{node}")
+        if status == 404:
+            return {}
+        if status != 200:
+            raise ApiDown(f"get CNR {node}: {status}")
+        return dict(body["metadata"].get("annotations") or {})
+
     def node(self, node: str) -> tuple[str, dict[str, Any] | None]:
         """The Node's UID and its NodeAgentConfigOK condition (None: not written)."""
         status, body = self.admin("GET", f"/api/v1/nodes/{node}")
@@ -322,7 +403,7 @@ class World:
     def close(self) -> None:
         for agent in self.agents.values():
             agent.stop(signal.SIGKILL)
-        for plugin in self.plugins:
+        for plugin in [*self.plugins, *self.reporters]:
             plugin.stop()
         self.proxy.close()
         self.apiserver.close()
