@@ -8,7 +8,9 @@ seed replays the same schedule.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -101,6 +103,8 @@ def reporter_start(inv: Invariants, rng: random.Random) -> str:
 def reporter_report(inv: Invariants, rng: random.Random) -> str:
     r = rng.choice([r for r in inv.world.reporters if r.running])
     r.set_inventory(report(r.driver, f"s{inv.step}"))
+    if r.node == "node-a":
+        inv.model.write_tried = True  # the reporter store writes its checkpoint
     return f"reporter {r.node}/{r.driver} reports {r.devices[0]['value']}"
 
 
@@ -116,6 +120,7 @@ def _restart_agent(inv: Invariants, signum: int) -> None:
             if model.clean_stops[good] >= CRASHLOOP_RESTARTS:
                 model.at_risk.add(good)
     stop_agent(inv, "node-a", signum)
+    inv.model.write_tried = False  # a new process: no write tried yet, no problem to report
     inv.world.start_agent("node-a")
 
 
@@ -217,6 +222,49 @@ def config_crash(inv: Invariants, rng: random.Random) -> str:
     return f"NodeAgentConfig {NAC_NAME} crash-inducing (hash {digest}): {config}"
 
 
+def _new_report_a(inv: Invariants, rng: random.Random) -> bool:
+    """A running node-a reporter's new value, so the agent writes its reporter checkpoint
+    (False: none running)."""
+    running = [r for r in inv.world.reporters if r.running and r.node == "node-a"]
+    if not running:
+        return False
+    r = rng.choice(running)
+    r.set_inventory(report(r.driver, f"s{inv.step}"))
+    return True
+
+
+def _can_mount(inv: Invariants) -> bool:
+    # A bind mount needs root (the soak in CI runs as root); elsewhere the event never applies.
+    return os.geteuid() == 0 and shutil.which("mount") is not None
+
+
+def state_read_only(inv: Invariants, rng: random.Random) -> str:
+    """node-a's checkpoint directory made read-only (a full or remounted disk): the agent
+    keeps running and reports the write it could not make."""
+    inv.world.set_read_only("node-a", True)
+    inv.model.read_only = True
+    inv.model.write_tried = _new_report_a(inv, rng)
+    return f"node-a's checkpoint directory read-only (write tried: {inv.model.write_tried})"
+
+
+def state_writable(inv: Invariants, rng: random.Random) -> str:
+    """Writable again: the next write goes through and the problem is gone."""
+    inv.world.set_read_only("node-a", False)
+    inv.model.read_only = False
+    inv.model.write_tried = _new_report_a(inv, rng)
+    return f"node-a's checkpoint directory writable again (write tried: {inv.model.write_tried})"
+
+
+def _may_go_read_only(inv: Invariants) -> bool:
+    """Not while a crash-inducing config may still be taken on trial: a read-only state
+    directory keeps the agent from recording the trial, so the crash is not blamed on it at the
+    next start and the agent crash-loops (docs/testing/soak.md, not driven)."""
+    m = inv.model
+    crash_pending = m.target == "crash" and m.crash_exits[m.marker] == 0
+    ready = inv.world.checkpoints("node-a").is_dir()  # made by the agent's first start
+    return not inv.world.read_only and not crash_pending and ready and _can_mount(inv)
+
+
 def config_delete(inv: Invariants, rng: random.Random) -> str:
     status, got = inv.world.admin("DELETE", f"{NAC_PATH}/{NAC_NAME}")
     if status not in (200, 202):
@@ -295,7 +343,9 @@ TABLE = (
     Event("apiserver_restart", 1, lambda inv: True, apiserver_restart),
     Event("config_good", 3, lambda inv: True, config_good),
     Event("config_invalid", 1, lambda inv: True, config_invalid),
-    Event("config_crash", 1, lambda inv: True, config_crash),
+    Event("config_crash", 1, lambda inv: not inv.world.read_only, config_crash),
+    Event("state_read_only", 1, _may_go_read_only, state_read_only),
+    Event("state_writable", 2, lambda inv: bool(inv.world.read_only), state_writable),
     Event("config_delete", 1, lambda inv: inv.model.target is not None, config_delete),
     Event("node_recreate", 1, lambda inv: True, node_recreate),
     Event("foreign_create", 1, lambda inv: inv.model.foreign_rv is None, foreign_create),

@@ -40,6 +40,7 @@ SETTLE_BOUND = 60.0
 DISCONNECT_GRACE = 2.0  # resources.disconnect_grace in world.SETTINGS
 STARTUP_GRACE = 3.0  # resources.startup_grace in world.SETTINGS
 REPORTER_GRACE = 2.0  # reporter.grace in world.SETTINGS
+REPORTER_CHECKPOINT = "reporter_manager_checkpoint"  # the reporter store's checkpoint name
 CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
 RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
 FD_GROWTH = 32  # open files above an agent's baseline, sustained over five samples
@@ -79,6 +80,11 @@ class Model:
     # after; a second exit means the agent ran a config it had rolled back).
     crash_hashes: dict[float, str] = field(default_factory=dict)
     crash_exits: Counter[float] = field(default_factory=Counter)
+    # node-a's checkpoint directory: read-only, and whether its reporter store has tried a
+    # write since (a reporter's new value, in this agent process); after it is writable again,
+    # whether it has written since (the failed write's problem is cleared by the next write).
+    read_only: bool = False
+    write_tried: bool = False
 
 
 @dataclass
@@ -114,6 +120,18 @@ def crash_difference(
             f"crash-inducing config {marker} (hash {hash_})"
         )
     return out
+
+
+def state_difference(read_only: bool, write_tried: bool, problems: list[str]) -> str | None:
+    """Why node-a's checkpoint problems (/v1/status) do not say what its state directory is
+    (None: they do): read-only with a write tried, the reporter checkpoint's write failure
+    reported; writable with a write made, no problem of the reporter checkpoint left."""
+    mine = [p for p in problems if REPORTER_CHECKPOINT in p]
+    if read_only and write_tried and not any("Read-only file system" in p for p in mine):
+        return f"node-a: state read-only and a write tried, problems reported {problems}"
+    if not read_only and write_tried and mine:
+        return f"node-a: state writable again and written, problems still reported {mine}"
+    return None
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -518,6 +536,11 @@ class Invariants:
             theirs = (cond or {}).get("reason"), (cond or {}).get("message")
             if mine != theirs:
                 out.append(f"{node}: the Node condition says {theirs}, the agent runs {mine}")
+            if node == "node-a":
+                problems = agent.doc("/v1/status").get("checkpoint_problems") or []
+                state = state_difference(model.read_only, model.write_tried, problems)
+                if state:
+                    out.append(state)
             scan = doc["effective"]["plugins"]["scan_interval"]
             if node == "node-b" or model.target is None:
                 want = "Local"

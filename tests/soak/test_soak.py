@@ -19,6 +19,7 @@ from tests.soak.invariants import (
     pool_problems,
     published,
     reporter_difference,
+    state_difference,
     writes_of,
 )
 from tests.soak.runner import run
@@ -114,6 +115,15 @@ def test_a_reporter_missing_from_the_cnr_or_left_past_its_grace_is_seen(tmp_path
         r.stop()
     assert reporter_difference(r, {}, 0.0) is None  # stopped, gone
     assert reporter_difference(r, here, 0.0)  # stopped, still there
+
+
+def test_a_read_only_state_not_reported_or_not_recovered_is_seen() -> None:
+    failed = ["checkpoint reporter_manager_checkpoint not written: Read-only file system"]
+    assert state_difference(True, True, failed) is None
+    assert state_difference(True, True, [])  # a write failed and nothing says so
+    assert state_difference(True, False, []) is None  # nothing tried to write yet
+    assert state_difference(False, True, []) is None
+    assert state_difference(False, True, failed)  # written again, the problem still shown
 
 
 def test_seeded_soak(tmp_path: Path) -> None:

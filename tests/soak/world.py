@@ -288,6 +288,7 @@ class World:
     plugins: list[Plugin] = field(default_factory=list)
     reporters: list[Plugin] = field(default_factory=list)  # program REPORTER
     agent_runs: int = 0
+    read_only: set[str] = field(default_factory=set)  # nodes whose checkpoints are mounted ro
 
     @classmethod
     def start(cls, workdir: Path) -> World:
@@ -380,6 +381,23 @@ class World:
         items: list[dict[str, Any]] = body["items"]
         return items
 
+    def checkpoints(self, node: str) -> Path:
+        """The node's checkpoint directory (the agent creates it at its first start)."""
+        return self.dir / f"state-{node}" / "checkpoints"
+
+    def set_read_only(self, node: str, read_only: bool) -> None:
+        """The node's checkpoint directory made read-only (a read-only bind mount over itself,
+        as tests/process/test_state_dir.py does: root ignores permission bits) or writable again
+        (the mount removed). In the soak's own mount namespace: every agent started meanwhile
+        sees it too."""
+        path = str(self.checkpoints(node))
+        if read_only:
+            subprocess.run(["mount", "--bind", "-o", "ro", path, path], check=True)
+            self.read_only.add(node)
+        else:
+            subprocess.run(["umount", path], check=True)
+            self.read_only.discard(node)
+
     def cnr_annotations(self, node: str) -> dict[str, str]:
         """The annotations of the node's CustomNodeResource (none while it does not exist)."""
         status, body = self.admin("GET", f"{CNR_PATH}/{node}")
@@ -403,6 +421,8 @@ class World:
     def close(self) -> None:
         for agent in self.agents.values():
             agent.stop(signal.SIGKILL)
+        for node in list(self.read_only):
+            self.set_read_only(node, False)
         for plugin in [*self.plugins, *self.reporters]:
             plugin.stop()
         self.proxy.close()
