@@ -2,7 +2,7 @@
 
 - ingest: watch events of ~1 KB (realistic metadata incl. managedFields; mixed add, update and
   delete over 100,000 keys) fed as raw 32 KiB chunks: the Rust store against the Python
-  reference store (json.loads + dicts, tests/unit/accumulator/reference.py). The Rust store
+  reference store (json.loads + dicts, tests/support/store_reference.py). The Rust store
   takes all EVENTS events; the reference, which is much slower, a BASELINE_EVENTS prefix of the
   same stream; rates are compared per event.
 - snapshot: N stored objects, 1% (and a fixed 1,000) changed: time for the next snapshot and
@@ -41,7 +41,7 @@ from nodeagent._native import Store
 from nodeagent.accumulator.model import Query
 from nodeagent.accumulator.view import QueryView
 from nodeagent.kube.models import ConfigMap
-from tests.unit.accumulator.reference import RefStore
+from tests.support.store_reference import RefStore
 
 EVENTS = int(os.environ.get("ACC_BENCH_EVENTS", "1000000"))
 BASELINE_EVENTS = min(EVENTS, 100_000)

@@ -2,7 +2,7 @@
 
 - merge, 50 plugins x 100 fields (zones, resources, properties, conditions, policy): ours
   (`nodeagent.reporter.merge`, from the protobuf reports) against the plain-Python Katalyst
-  algorithm (tests/unit/reporter/katalyst_reference.py), side by side, ratio printed;
+  algorithm (tests/support/katalyst_reference.py), side by side, ratio printed;
 - push -> visible: an SDK reporter plugin over a unix socket, the plugin manager, the report
   store and the CNR writer (admin credentials); the plugin pushes its next report as soon as an
   admin watch of the CNR shows the previous one; p50 and p99, and API writes per push (target
@@ -50,8 +50,8 @@ from nodeagent.service.reporter import ReporterComponent
 from tests.plugins.conftest import fast_settings
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import install_cnr_crd
+from tests.support.katalyst_reference import katalyst_merge
 from tests.support.watch import EventSink
-from tests.unit.reporter.katalyst_reference import katalyst_merge
 
 PLUGINS, FIELDS = 50, 100
 PUSHES, SAME_PUSHES = 200, 20

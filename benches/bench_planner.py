@@ -43,7 +43,7 @@ from nodeagent.resources.model import (
     Pool,
     desired_slices,
 )
-from tests.unit.resources.reference import spec_equal
+from tests.support.planner_reference import spec_equal
 
 RESULTS: dict[str, float] = {}
 

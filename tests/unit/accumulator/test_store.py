@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from nodeagent._native import Store
+from tests.support.store_reference import RefStore
 from tests.unit.accumulator.helpers import bookmark, dump, error_event, event, obj, page
-from tests.unit.accumulator.reference import RefStore
 
 ADD, UPDATE, DELETE = 0, 1, 2
 

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent._native import Store
+from tests.support.store_reference import RefStore
 from tests.unit.accumulator.helpers import bookmark, dump, error_event, event, obj, page
-from tests.unit.accumulator.reference import RefStore
 
 KEYS = [(ns, n) for ns in ("a", "b") for n in ("x", "y", "z")] + [("", "x")]
 key_idx = st.integers(0, len(KEYS) - 1)

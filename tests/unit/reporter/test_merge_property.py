@@ -1,6 +1,6 @@
-"""Our merge against the plain-Python Katalyst algorithm (katalyst_reference.py): equal wherever
-Katalyst is right, and where it fails the whole update on a bad field ours merges the rest the
-same."""
+"""Our merge against the plain-Python Katalyst algorithm (tests/support/katalyst_reference.py):
+equal wherever Katalyst is right, and where it fails the whole update on a bad field ours merges
+the rest the same."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent.reporter.merge import ReportedField, merge_fields
-from tests.unit.reporter.katalyst_reference import KatalystError, katalyst_merge
+from tests.support.katalyst_reference import KatalystError, katalyst_merge
 
 QTYS = st.sampled_from(["1", "4", "100m", "2Gi", "1500m", "3k"])
 NAMES = st.sampled_from(["0", "1", "2"])

@@ -10,7 +10,7 @@ import pytest
 
 from nodeagent import _native
 from nodeagent._native import PoolPlan
-from tests.unit.resources.reference import PlanTuple, reference_plan
+from tests.support.planner_reference import PlanTuple, reference_plan
 
 # Both planners: the Rust one returns named tuples, the reference plain ones; they compare equal.
 Planner = Callable[[list[Any], list[Any]], PoolPlan | PlanTuple]

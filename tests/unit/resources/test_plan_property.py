@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import _native
-from tests.unit.resources.reference import reference_plan, spec_equal
+from tests.support.planner_reference import reference_plan, spec_equal
 from tests.unit.resources.strategies import changed_copy, desired_spec, pool_case, semantic_copy
 
 # Bounded so each test takes a few seconds (about 15 ms an example); the strategies draw small
