@@ -26,11 +26,10 @@ from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import REPO_ROOT, apply_manifest
 from tests.support.nodeagentconfig import (
     NAC,
-    NAC_CRD_NAME,
     install_nodeagentconfig_crd,
+    loosen_nodeagentconfig_crd,
     nodeagentconfig,
 )
-from tests.support.resources import CRDS
 from tests.support.wait import until
 
 apiserver = apiserver_fixture(scope="module", nodes=("node-a", "node-b", "node-c", "node-d"))
@@ -146,20 +145,8 @@ def _scan_interval(agent: AgentProcess) -> float:
 
 
 def _loosen_crd(apiserver: ApiServer) -> None:
-    """An older or looser CRD than the agent's: spec.config kept as written, so only the agent's
-    own validation stands between a bad config and the node."""
-
-    async def loosen(admin: KubeClient) -> None:
-        crd = msgspec.json.decode(await admin.get(CRDS, NAC_CRD_NAME))
-        for version in crd["spec"]["versions"]:
-            spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-            spec["properties"]["config"] = {
-                "type": "object",
-                "x-kubernetes-preserve-unknown-fields": True,
-            }
-        await admin.update(CRDS, crd)
-
-    _admin(apiserver, loosen)
+    """An older or looser CRD than the agent's: only its own validation stands before the node."""
+    _admin(apiserver, loosen_nodeagentconfig_crd)
 
 
 def test_select_apply_condition_events_and_refused_config_kept(
