@@ -35,6 +35,7 @@ import trio
 
 from benches.report import print_uncaptured
 from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.core.component import Readiness
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
@@ -42,7 +43,6 @@ from nodeagent.resources.model import desired_slices
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.agent import LOOP_SWITCH_INTERVAL
-from nodeagent.service.component import Readiness
 from nodeagent.service.resources import ResourcesComponent, slice_summary
 
 DRIVERS = 8

@@ -160,9 +160,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     import prometheus_client
     import trio
 
+    from nodeagent.core.component import FatalError
     from nodeagent.log import configure_logging, get_logger, stderr_is_journal
     from nodeagent.service.agent import Agent, prepare_state_dir
-    from nodeagent.service.component import FatalError
     from nodeagent.service.state_lock import lock_state_dir
     from nodeagent.service.supervisor import describe, find_fatal
 

@@ -27,6 +27,7 @@ import trio
 from nodeagent import __version__
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.config.render import to_builtins
+from nodeagent.core.component import Component, FatalError
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.controller import Controller
@@ -37,7 +38,6 @@ from nodeagent.plugins import PluginManager
 from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
-from nodeagent.service.component import Component, FatalError
 from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config
 from nodeagent.service.dynconfig import ConfigBuilder, DynconfigComponent, EventBuffer

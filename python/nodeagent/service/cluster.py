@@ -28,11 +28,11 @@ import trio
 
 from nodeagent.accumulator import RECONNECT_GRACE, Watch, WatchHub, client_watch
 from nodeagent.core.backoff import Backoff, Jitter
+from nodeagent.core.component import Readiness
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.kube import KubeClient, KubeSettings, WatchRequest, load_client
 from nodeagent.log import get_logger
-from nodeagent.service.component import Readiness
 
 log = get_logger(__name__)
 

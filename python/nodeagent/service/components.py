@@ -6,7 +6,7 @@ from typing import Any, Protocol
 
 import trio
 
-from nodeagent.service.component import Readiness
+from nodeagent.core.component import Readiness
 
 
 class PluginManagerLike(Protocol):

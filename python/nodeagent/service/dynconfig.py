@@ -20,6 +20,7 @@ import trio
 from nodeagent.accumulator import Accumulator, AccumulatorSettings, ObjectMap, Query, Watch
 from nodeagent.config.loader import Override, apply_overrides, read_config_file
 from nodeagent.core.backoff import Backoff
+from nodeagent.core.component import Readiness
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.wake import Wake
@@ -31,7 +32,6 @@ from nodeagent.dynconfig.state import Assignment
 from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, ConfigEvent, condition_patch
 from nodeagent.kube import NODES, EventRecorder, KubeClient, KubeError, NotFound
 from nodeagent.log import get_logger
-from nodeagent.service.component import Readiness
 from nodeagent.service.config import Config, build_config
 
 log = get_logger(__name__)

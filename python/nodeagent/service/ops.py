@@ -16,9 +16,9 @@ from typing import Any, Protocol
 import prometheus_client
 import trio
 
+from nodeagent.core.component import FatalError
 from nodeagent.kube import DryRun, not_dry_run_view
 from nodeagent.log import get_logger
-from nodeagent.service.component import FatalError
 from nodeagent.service.http import (
     ClientGone,
     HeadLimits,

@@ -21,6 +21,7 @@ import trio
 from nodeagent.accumulator import Accumulator, AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.core.backoff import Backoff
+from nodeagent.core.component import Readiness
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
@@ -31,7 +32,6 @@ from nodeagent.reporter.merge import CNR_API_VERSION, CNR_KIND
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.reporter.store import InTreeReporter, ReportStore
 from nodeagent.reporter.system import SystemReporter
-from nodeagent.service.component import Readiness
 
 log = get_logger(__name__)
 

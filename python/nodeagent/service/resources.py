@@ -18,13 +18,13 @@ from typing import Any
 import trio
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings
+from nodeagent.core.component import Readiness
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube import EventRecorder, KubeClient
 from nodeagent.resources.publisher import Publisher, publisher_queries
 from nodeagent.resources.settings import ResourcesSettings
-from nodeagent.service.component import Readiness
 
 __all__ = ["ResourcesComponent", "slice_summary"]
 

@@ -18,8 +18,8 @@ import time
 from typing import IO
 
 from nodeagent import __version__
+from nodeagent.core.component import FatalError
 from nodeagent.core.errors import ConfigError
-from nodeagent.service.component import FatalError
 
 __all__ = ["LOCK_NAME", "lock_state_dir"]
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import trio
 
 from nodeagent.core.backoff import Backoff, Jitter
+from nodeagent.core.component import Component, FatalError, Readiness, readiness_of
 from nodeagent.log import get_logger
-from nodeagent.service.component import Component, FatalError, Readiness, readiness_of
 from nodeagent.service.metrics import COMPONENT_READY, COMPONENT_RESTARTS
 
 log = get_logger(__name__)

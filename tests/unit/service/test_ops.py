@@ -11,8 +11,8 @@ import prometheus_client
 import pytest
 import trio
 
+from nodeagent.core.component import FatalError
 from nodeagent.core.errors import ConfigError
-from nodeagent.service.component import FatalError
 from nodeagent.service.http import Request
 from nodeagent.service.ops import OpsServer, readyz_response
 from nodeagent.service.opsconn import ConnectionSlots

@@ -6,7 +6,7 @@ import pytest
 import trio
 import trio.testing
 
-from nodeagent.service.component import FatalError, Readiness
+from nodeagent.core.component import FatalError, Readiness
 from nodeagent.service.metrics import COMPONENT_READY, COMPONENT_RESTARTS
 from nodeagent.service.supervisor import Supervisor
 
