@@ -14,7 +14,7 @@ from nodeagent import __version__
 from nodeagent.config.loader import DEFAULT_CONFIG_PATH, Override, parse_set
 from nodeagent.core.errors import ConfigError
 from nodeagent.log import escape_control
-from nodeagent.service.config import computed_defaults, load_config
+from nodeagent.service.config import ConfigBuilder, computed_defaults, load_config
 
 EXIT_OK = 0
 EXIT_FATAL = 1
@@ -178,8 +178,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     log.info("configuration loaded", source=source or "defaults", version=__version__)
     overrides = overrides_from_args(args)
     # SIGHUP re-reads the same file with the same flags and validation.
-    from nodeagent.service.dynconfig import ConfigBuilder
-
     try:
         builder = ConfigBuilder(args.config, overrides)
     except ConfigError as exc:

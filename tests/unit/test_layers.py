@@ -56,7 +56,7 @@ ALLOWED: dict[str, set[str]] = {
     },
     "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
     "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos", "_native"},
-    "dynconfig": {"checkpoint", "core", "log"},
+    "dynconfig": {"accumulator", "checkpoint", "core", "kube", "log"},
     "accumulator": {"kube", "core", "log", "_native"},
     # A DRA driver reads ResourceClaims and checkpoints its prepared claims (sdk/kubelet.py).
     # ... and says where an agent with default settings looks (config's defaults, sdk/running.py).

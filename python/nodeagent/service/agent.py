@@ -30,6 +30,7 @@ from nodeagent.config.render import to_builtins
 from nodeagent.core.component import Component, FatalError
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.component import DynconfigComponent, EventBuffer
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.kube import DryRun, EventRecorder, load_client
@@ -39,8 +40,7 @@ from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.components import PluginsComponent
-from nodeagent.service.config import Config
-from nodeagent.service.dynconfig import ConfigBuilder, DynconfigComponent, EventBuffer
+from nodeagent.service.config import Config, ConfigBuilder
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.hub import ConfigHub
 from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS

@@ -1,4 +1,5 @@
-"""The static configuration file: one TOML document composed of each package's settings.
+"""The static configuration file: one TOML document composed of each package's settings, and
+the builder of the effective config (file, flags, then a remote overlay) dynamic config applies.
 
 The composition root owns the composed schema, so the packages below it only know their own
 table and `nodeagent.config` stays a leaf (reading TOML, overrides, error translation).
@@ -9,7 +10,7 @@ then each table's own `validate()`; every failure is a `ConfigError` naming the 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ from nodeagent.config.loader import (
     translate_validation_error,
     validate_section,
 )
+from nodeagent.dynconfig.overlay import config_hash, overlay_raw
 from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.kube import KubeSettings
 from nodeagent.plugins import PluginSettings
@@ -33,7 +35,7 @@ from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.settings import AgentSettings, OpsSettings
 
-__all__ = ["Config", "build_config", "computed_defaults", "load_config"]
+__all__ = ["Config", "ConfigBuilder", "build_config", "computed_defaults", "load_config"]
 
 
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -105,3 +107,41 @@ def load_config(
     """The effective configuration and the file it came from (None: defaults only)."""
     raw, source = read_config_file(path)
     return build_config(raw, overrides, environment), source
+
+
+class ConfigBuilder:
+    """Effective config = defaults, the file, the flags, then a remote overlay (None: none).
+
+    The file is read once and again only on `reread()` (SIGHUP), so a remote change never
+    picks up an edit of the file that was not asked for."""
+
+    def __init__(self, path: str | None, overrides: Sequence[Override] = ()) -> None:
+        self.path = path
+        self.overrides = list(overrides)
+        self.raw = self._read()
+
+    def _read(self) -> dict[str, Any]:
+        raw, _ = read_config_file(self.path)
+        return apply_overrides(raw, self.overrides)
+
+    def reread(self) -> Callable[[], None]:
+        """Re-read the file (ConfigError: the previous file stays in use); returns the undo
+        that puts the previous file back (a reload refused or rolled back after its trial)."""
+        raw = self._read()
+        build_config(raw)
+        previous, self.raw = self.raw, raw
+
+        def undo() -> None:
+            self.raw = previous
+
+        return undo
+
+    @property
+    def file_hash(self) -> str:
+        """The identity of the file and flags in use (shown in status, remembered when bad)."""
+        return config_hash(self.raw)
+
+    def __call__(self, remote: Mapping[str, Any] | None) -> Config:
+        if not remote:
+            return build_config(self.raw)
+        return build_config(overlay_raw(self.raw, remote))

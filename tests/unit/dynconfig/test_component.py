@@ -18,11 +18,11 @@ import trio.testing
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.component import DynconfigComponent, EventBuffer
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
-from nodeagent.kube import errors
+from nodeagent.kube import EventRecorder, errors
 from nodeagent.kube.resource import Resource
-from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
 from tests.support.fake_dynconfig import FakeHub, build, hasher
 from tests.support.fake_watch import FakeClient
 from tests.support.nodeagentconfig import NAC
@@ -76,7 +76,7 @@ async def running(tmp_path: Path, refuse: bool = False) -> AsyncIterator[Rig]:
     component = DynconfigComponent(
         node_name=NODE,
         controller=controller,
-        events=EventBuffer(),
+        events=EventBuffer(EventRecorder(NODE)),
         client=cast(Any, client),
         accumulator_settings=AccumulatorSettings(forbidden_retry=100.0),
         reports=lambda: [],
@@ -143,9 +143,9 @@ async def test_refused_condition_write_is_retried_with_backoff(
         attempts = [round(t - start) for t in rig.client.patches]
         # 1 s doubling to 60 s: 0, 1, 3, 7, 15, 31, 63, 123, 183 (not once per second).
         assert attempts == [0, 1, 3, 7, 15, 31, 63, 123, 183], attempts
-        assert rig.component.condition_error is not None
-        assert "forbidden" in rig.component.condition_error
-        assert rig.component.condition_writes == 0
+        assert rig.component.condition.error is not None
+        assert "forbidden" in rig.component.condition.error
+        assert rig.component.condition.writes == 0
 
         # Condition changes while refused do not add attempts beyond the backoff.
         before = len(rig.client.patches)
@@ -158,12 +158,12 @@ async def test_refused_condition_write_is_retried_with_backoff(
         # written at once (the backoff was reset).
         rig.client.refuse = False
         await trio.sleep(60)
-        assert rig.component.condition_error is None and rig.component.condition_writes == 1
-        assert rig.component.written == rig.controller.condition()
-        assert "a and c" in rig.component.written.message
+        assert rig.component.condition.error is None and rig.component.condition.writes == 1
+        assert rig.component.condition.written == rig.controller.condition()
+        assert "a and c" in rig.component.condition.written.message
         rig.controller.keep("tie between a and d")
         written_before = trio.current_time()
-        await wait_until(lambda: rig.component.condition_writes == 2, "the change written")
+        await wait_until(lambda: rig.component.condition.writes == 2, "the change written")
         assert trio.current_time() - written_before < 1
 
 
@@ -195,7 +195,7 @@ async def test_a_restart_on_an_unchanged_condition_does_not_write_it(
         await synced(await rig.client.sink("nodes"), _shown(condition, since))
         await trio.sleep(30)
         assert rig.client.patches == []
-        assert rig.component.written == condition
+        assert rig.component.condition.written == condition
 
         # A change of reason with the same status keeps the time the status last changed.
         rig.controller.keep("tie between a and b")

@@ -36,25 +36,29 @@ async def test_a_recreated_node_gets_the_condition_again(
         await synced(nodes, node("n1", 1))
         await synced(await rig.client.sink(NAC.plural))
         await wait_until(
-            lambda: rig.component.written == rig.controller.condition(), "the condition written"
+            lambda: rig.component.condition.written == rig.controller.condition(),
+            "the condition written",
         )
-        assert rig.component.written is not None and rig.component.written.reason == "Local"
+        assert (
+            rig.component.condition.written is not None
+            and rig.component.condition.written.reason == "Local"
+        )
         await trio.sleep(5)
-        base = rig.component.condition_writes
+        base = rig.component.condition.writes
 
         # The Node shows it (and the kubelet's heartbeats change the Node): nothing more.
         await synced(nodes, node("n1", 2, LOCAL), rv=2)
         await synced(nodes, node("n1", 3, LOCAL, {"type": "MemoryPressure"}), rv=3)
         await trio.sleep(5)
-        assert rig.component.condition_writes == base
+        assert rig.component.condition.writes == base
 
         # Deleted: nothing to write to. Re-created without the condition: written again, once.
         await synced(nodes, rv=4)
         await trio.sleep(5)
-        assert rig.component.condition_writes == base
+        assert rig.component.condition.writes == base
         rig.client.node_uid = "n2"
         await synced(nodes, node("n2", 5), rv=5)
-        await wait_until(lambda: rig.component.condition_writes == base + 1, "written again")
+        await wait_until(lambda: rig.component.condition.writes == base + 1, "written again")
         await synced(nodes, node("n2", 6, LOCAL), rv=6)
         await trio.sleep(5)
-        assert rig.component.condition_writes == base + 1
+        assert rig.component.condition.writes == base + 1

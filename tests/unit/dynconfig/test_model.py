@@ -38,11 +38,12 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.component import DynconfigComponent, EventBuffer
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import LOCAL_HASH
+from nodeagent.kube import EventRecorder
 from nodeagent.kube.watch import WatchSink
-from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
 from tests.support.fake_dynconfig import FakeHub, Report, Wall, build, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.unit.accumulator.helpers import page
@@ -181,7 +182,7 @@ class Agent:
         self.component = DynconfigComponent(
             node_name=NODE,
             controller=self.controller,
-            events=EventBuffer(),
+            events=EventBuffer(EventRecorder(NODE)),
             client=cast(Any, self.client),
             accumulator_settings=AccumulatorSettings(max_interval=0.05),
             reports=lambda: [Report("publisher", ready=ready[0])],
@@ -548,7 +549,7 @@ class DynconfigModel(RuleBasedStateMachine):
     def the_condition_is_the_models_and_written(self) -> None:
         c, m = self.agent.controller, self.model
         assert c.condition().reason == m.condition, (c.condition(), m)
-        assert self.agent.component.written == c.condition()
+        assert self.agent.component.condition.written == c.condition()
 
 
 DynconfigModel.TestCase.settings = settings(

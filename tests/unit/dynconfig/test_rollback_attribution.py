@@ -17,13 +17,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodeagent.dynconfig import metrics
+from nodeagent.dynconfig.component import DynconfigComponent
 from nodeagent.dynconfig.health import CAUSES, HealthTracker
 from nodeagent.dynconfig.overlay import DYNAMIC_FIELDS
 from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config
-from nodeagent.service.dynconfig import DynconfigComponent
 from nodeagent.service.reporter import ReporterComponent
 from nodeagent.service.resources import ResourcesComponent
 from tests.support.fake_dynconfig import FakeHub, Report, Result

@@ -99,19 +99,25 @@ async def test_a_tie_clearing_to_the_assigned_target_rewrites_the_condition(
         await synced(configs, nac("fleet", {"interval": 7}))
         await wait_until(lambda: rig.controller.active.name == "fleet", "fleet applied")
         await trio.sleep(601)  # promoted
-        await wait_until(lambda: rig.component.written == rig.controller.condition(), "Active")
+        await wait_until(
+            lambda: rig.component.condition.written == rig.controller.condition(), "Active"
+        )
         assert rig.controller.condition().reason == "Active"
 
         await synced(configs, nac("fleet", {"interval": 7}), nac("other", {"interval": 8}), rv=2)
         await wait_until(
             lambda: (
-                (rig.component.written or rig.controller.condition()).reason == "NoUniqueTarget"
+                (rig.component.condition.written or rig.controller.condition()).reason
+                == "NoUniqueTarget"
             ),
             "the tie written",
         )
         await synced(configs, nac("fleet", {"interval": 7}), rv=3)  # the tie clears
         await wait_until(
-            lambda: rig.component.written is not None and rig.component.written.reason == "Active",
+            lambda: (
+                rig.component.condition.written is not None
+                and rig.component.condition.written.reason == "Active"
+            ),
             "the condition written back to Active",
         )
 
@@ -137,7 +143,9 @@ async def test_an_undecodable_target_keeps_what_runs_and_says_so(
         assert "fleet" in condition.message and "priority" in condition.message
         assert rig.controller.active.name == "fleet" and rig.hub.current["interval"] == 7
         assert rig.controller.state.lkg == lkg
-        await wait_until(lambda: rig.component.written == condition, "written to the Node")
+        await wait_until(
+            lambda: rig.component.condition.written == condition, "written to the Node"
+        )
 
         # Fixed: selected again, the condition back to Active (same config).
         await synced(configs, edited(nac("fleet", {"interval": 7}, generation=3), 3), rv=3)

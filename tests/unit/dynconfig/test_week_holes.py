@@ -30,10 +30,11 @@ import trio.testing
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
 from nodeagent.dynconfig.boot import boot
+from nodeagent.dynconfig.component import DynconfigComponent, EventBuffer
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import CHECKPOINT_NAME, LOCAL_HASH
-from nodeagent.service.dynconfig import DynconfigComponent, EventBuffer
+from nodeagent.kube import EventRecorder
 from tests.support.fake_dynconfig import FakeHub, Report, build, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.support.wait import wait_until
@@ -71,7 +72,7 @@ async def running(tmp_path: Path, wall: Callable[[], float]) -> AsyncIterator[Ri
     component = DynconfigComponent(
         node_name=NODE,
         controller=controller,
-        events=EventBuffer(),
+        events=EventBuffer(EventRecorder(NODE)),
         client=cast(Any, client),
         accumulator_settings=AccumulatorSettings(),
         reports=lambda: [Report("publisher")],
@@ -142,18 +143,18 @@ async def test_nothing_left_to_write_clears_a_condition_write_error(
         await synced(await rig.client.sink(NAC.plural))
         await wait_until(
             lambda: (
-                rig.component.written == rig.controller.condition()
+                rig.component.condition.written == rig.controller.condition()
                 and rig.controller.condition().reason == "Local"
             ),
             "the Local condition written",
         )
         rig.client.refuse = True
         rig.controller.keep("tie between a and b")  # a tie appears: the write fails
-        await wait_until(lambda: rig.component.condition_error, "the write failed")
+        await wait_until(lambda: rig.component.condition.error, "the write failed")
         rig.client.refuse = False
         rig.controller.assign(None)  # and clears: the condition wanted is the one written
-        assert rig.component.written == rig.controller.condition()
-        await wait_until(lambda: rig.component.condition_error is None, "the error cleared")
+        assert rig.component.condition.written == rig.controller.condition()
+        await wait_until(lambda: rig.component.condition.error is None, "the error cleared")
         await trio.sleep(DynconfigSettings().status_write_bound + 10)
         assert rig.component.readiness()[0], rig.component.readiness()
 
@@ -282,7 +283,7 @@ async def test_the_transition_time_follows_our_own_last_write(
         await wait_until(
             lambda: (
                 rig.component.selection_reason != "not selected yet"
-                and rig.component.written == rig.controller.condition()
+                and rig.component.condition.written == rig.controller.condition()
             ),
             "the Local condition written",
         )

@@ -298,7 +298,7 @@ async def test_node_status_writes_failing_are_not_ready_only_past_the_bound(
     async with running(tmp_path, refuse=True) as rig:
         await synced(await rig.client.sink("nodes"), {"metadata": {"name": "node-a", "uid": "n"}})
         await trio.sleep(0.5)  # the first write refused
-        assert rig.component.condition_error is not None
+        assert rig.component.condition.error is not None
         # Readiness is asked every heartbeat (the status loop); here every 10 s.
         for _ in range(12):
             ready, why = rig.component.readiness()

@@ -1,8 +1,8 @@
 """The dynamic-config component (cluster mode, ``dynconfig.enabled``): watches NodeAgentConfig
 objects and this node's Node (its labels) through its own accumulator, selects the target and
 drives the controller (assign / keep / confirm), runs the controller's trials, and writes what
-it decides: the NodeAgentConfigOK condition on nodes/<node>/status (only when it changed: the
-one write per config change) and Events on the Node.
+it decides: the NodeAgentConfigOK condition on nodes/<node>/status (`condition.py`) and Events
+on the Node (through the process's recorder).
 
 A cluster that does not serve the CRD keeps the component ready (the local or checkpointed
 config runs) and the kind is looked for again every `retry` seconds.
@@ -10,78 +10,31 @@ config runs) and the kind is looked for again every `retry` seconds.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import msgspec
 import trio
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings, ObjectMap, Query, Watch
-from nodeagent.config.loader import Override, apply_overrides, read_config_file
-from nodeagent.core.backoff import Backoff
 from nodeagent.core.component import Readiness
 from nodeagent.core.errors import ConfigError
-from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.wake import Wake
+from nodeagent.dynconfig.condition import ConditionWriter
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.health import ComponentHealth
-from nodeagent.dynconfig.overlay import config_hash, overlay_raw
 from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
 from nodeagent.dynconfig.state import Assignment
-from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, ConfigEvent, condition_patch
-from nodeagent.kube import NODES, EventRecorder, KubeClient, KubeError, NotFound
+from nodeagent.dynconfig.status import ConfigEvent
+from nodeagent.kube import EventRecorder, KubeClient, KubeError, NotFound
 from nodeagent.log import get_logger
-from nodeagent.service.config import Config, build_config
 
 log = get_logger(__name__)
 
-__all__ = ["ConfigBuilder", "DynconfigComponent", "EventBuffer"]
+__all__ = ["DynconfigComponent", "EventBuffer"]
 
 API_VERSION = f"{GROUP}/{VERSION}"
 # Seconds between looks at the queries' states while a selection waits for both to be known.
 RECHECK_WHILE_OWED = 1.0
-# The condition's first write waits this long at most for the Node to be listed, so that it
-# keeps the lastTransitionTime the Node shows (and is not written at all when unchanged).
-NODE_LISTED_WAIT = 5.0
-
-
-class ConfigBuilder:
-    """Effective config = defaults, the file, the flags, then a remote overlay (None: none).
-
-    The file is read once and again only on `reread()` (SIGHUP), so a remote change never
-    picks up an edit of the file that was not asked for."""
-
-    def __init__(self, path: str | None, overrides: Sequence[Override] = ()) -> None:
-        self.path = path
-        self.overrides = list(overrides)
-        self.raw = self._read()
-
-    def _read(self) -> dict[str, Any]:
-        raw, _ = read_config_file(self.path)
-        return apply_overrides(raw, self.overrides)
-
-    def reread(self) -> Callable[[], None]:
-        """Re-read the file (ConfigError: the previous file stays in use); returns the undo
-        that puts the previous file back (a reload refused or rolled back after its trial)."""
-        raw = self._read()
-        build_config(raw)
-        previous, self.raw = self.raw, raw
-
-        def undo() -> None:
-            self.raw = previous
-
-        return undo
-
-    @property
-    def file_hash(self) -> str:
-        """The identity of the file and flags in use (shown in status, remembered when bad)."""
-        return config_hash(self.raw)
-
-    def __call__(self, remote: Mapping[str, Any] | None) -> Config:
-        if not remote:
-            return build_config(self.raw)
-        return build_config(overlay_raw(self.raw, remote))
 
 
 async def _forward(acc: Accumulator, wake: Wake) -> None:
@@ -100,13 +53,10 @@ class _Snap:
 class EventBuffer:
     """The controller's events (its `on_event`), logged and given to the process's Event
     recorder, which keeps them until the client exists (the controller boots before the
-    apiserver answers). Without a recorder (tests), one of its own, which the component
-    attaches and runs."""
+    apiserver answers); the process attaches and runs it."""
 
-    def __init__(self, recorder: EventRecorder | None = None) -> None:
-        # Ours (no process recorder): the component attaches and runs it.
-        self.owned = recorder is None
-        self.recorder = recorder if recorder is not None else EventRecorder(backlog=64)
+    def __init__(self, recorder: EventRecorder) -> None:
+        self.recorder = recorder
         self._reasons: set[str] = set()
 
     def __call__(self, event: ConfigEvent) -> None:
@@ -141,11 +91,6 @@ class DynconfigComponent:
         self.node_name = node_name
         self.controller = controller
         self.events = events
-        # The process's recorder is attached and run by the process; a recorder of our own
-        # posts through our client while we run.
-        self._own_recorder = events.owned
-        if self._own_recorder:
-            events.recorder.attach(client, node_name)
         self._client = client
         self._accumulator_settings = accumulator_settings
         self._reports = reports
@@ -162,30 +107,14 @@ class DynconfigComponent:
         self.started = False
         self.selection_reason = "not selected yet"
         self.invalid: list[tuple[str, str]] = []
-        self.written: Condition | None = None
-        # The UID of the Node the last condition was written to, and an event set when a Node
-        # of another UID (deleted and re-created by its kubelet) lacks it: written again.
-        self._written_uid: str | None = None
-        # The Node as last seen (None: not seen yet): its condition's lastTransitionTime is
-        # kept while the status stays, and an agent restarted on an unchanged condition
-        # does not write it again.
-        self._node_seen: dict[str, Any] | None = None
-        # (status, lastTransitionTime) of this process's last condition write: newer than any
-        # Node view it holds (the watch of the Node lags behind our own writes).
-        self._transition: tuple[str, str] | None = None
-        self._node_listed = trio.Event()
-        self._lost = Wake()
-        self.condition_error: str | None = None
-        self.condition_writes = 0
-        self._status_failing: Lapses[str] = Lapses("dynconfig", "node_status_writes")
+        # The NodeAgentConfigOK condition, from the Node this component watches.
+        self.condition = ConditionWriter(node_name=node_name, controller=controller, client=client)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self.accumulators, self.crd_missing, self.started = [], None, False
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.controller.run_trials, self._reports, self._watchdog_age)
-            if self._own_recorder:
-                nursery.start_soon(self.events.recorder.run)
-            nursery.start_soon(self._write_conditions)
+            nursery.start_soon(self.condition.run)
             # Started before any cluster lookup: the local (or checkpointed) config runs
             # meanwhile, and READY must not wait for an apiserver that does not answer.
             self.started = True
@@ -193,7 +122,7 @@ class DynconfigComponent:
             while True:
                 if await self._crd_served():
                     break
-                self._node_listed.set()  # no Node view to wait for: the condition goes now
+                self.condition.listed()  # no Node view to wait for: the condition goes now
                 await trio.sleep(self._retry)  # an optional kind: looked for again
             self.crd_missing = None
             # Two accumulators: the Node's status changes often (the kubelet, and this
@@ -240,9 +169,9 @@ class DynconfigComponent:
                 if configs.update(snap):
                     owed = True
                 if node.update(snap):
-                    self._check_condition(snap)
+                    self.condition.seen(snap.node.lookup("", self.node_name))
                     if node.bootstrapped:
-                        self._node_listed.set()
+                        self.condition.listed()
                     new_labels = self._labels(snap)
                     # Status-only changes of the Node (heartbeats, our condition) select nothing.
                     owed = owed or new_labels != labels
@@ -339,105 +268,6 @@ class DynconfigComponent:
             self._reports(),
         )
 
-    def _check_condition(self, snap: _Snap) -> None:
-        """Whether a re-created Node (another UID than the one written to) lacks the condition
-        written last; if so (found by the fault matrix: it stayed lost until the next config
-        change), forget it so that the writer writes it again. The same Node seen without it
-        is an older state than our write's, not a loss."""
-        node = snap.node.lookup("", self.node_name)
-        self._node_seen = node
-        if self.written is None or self._written_uid is None:
-            return
-        uid = ((node or {}).get("metadata") or {}).get("uid")
-        if node is None or uid == self._written_uid:
-            return  # deleted: written again once it exists (its patch until then would 404)
-        want = ("True" if self.written.status else "False", self.written.reason)
-        conditions = (node.get("status") or {}).get("conditions") or []
-        have = [
-            (c.get("status"), c.get("reason"))
-            for c in conditions
-            if c.get("type") == CONDITION_TYPE
-        ]
-        if have != [want]:
-            log.info("NodeAgentConfigOK condition missing on the Node: writing it again")
-            self.written = None
-            self._lost.set()
-
-    async def _write_conditions(self) -> None:
-        # A refused write (RBAC without nodes/status) is retried with backoff, not per change.
-        backoff = Backoff(1.0, 60.0)
-        with trio.move_on_after(NODE_LISTED_WAIT):
-            await self._node_listed.wait()
-        while True:
-            changed = self.controller.changed
-            self._lost.clear()
-            condition = self.controller.condition()
-            if condition != self.written and not self._adopt(condition):
-                await self._patch_condition(condition)
-                if self.condition_error is not None:
-                    await trio.sleep(backoff.next())
-                    continue
-                backoff.reset()
-            elif self.condition_error is not None:
-                # Nothing left to write (the condition wanted went back to the one written
-                # while a write failed): the failure is moot, not a status write failing.
-                log.info("NodeAgentConfigOK condition as written: the failed write is moot")
-                self.condition_error = None
-                backoff.reset()
-            if self.controller.condition() == self.written:
-                async with trio.open_nursery() as nursery:  # whichever comes first
-                    for wait in (changed.wait, self._lost.wait):
-                        nursery.start_soon(_cancel_when, wait, nursery.cancel_scope)
-
-    def _shown(self) -> dict[str, Any] | None:
-        """Our condition as the Node last seen shows it."""
-        status = (self._node_seen or {}).get("status") or {}
-        for c in status.get("conditions") or []:
-            if c.get("type") == CONDITION_TYPE:
-                return dict(c)
-        return None
-
-    def _adopt(self, condition: Condition) -> bool:
-        """At start, before this process wrote anything: a Node already showing exactly
-        `condition` (left by the previous run) is taken as written, not written again. Later
-        the Node seen may predate our own last write, so it is never trusted that way."""
-        shown = self._shown()
-        if self.condition_writes or self.written is not None or shown is None:
-            return False
-        same = (
-            shown.get("status") == ("True" if condition.status else "False")
-            and shown.get("reason") == condition.reason
-            and shown.get("message") == condition.message
-        )
-        if same:
-            self.written = condition
-            self._written_uid = ((self._node_seen or {}).get("metadata") or {}).get("uid")
-        return same
-
-    async def _patch_condition(self, condition: Condition) -> None:
-        status = "True" if condition.status else "False"
-        # The time the status last changed: our own last write's once there is one (the Node
-        # seen may predate it: True -> False -> True kept the first time), else the Node's.
-        last = self._transition
-        if last is None:
-            shown = self._shown() or {}
-            last = (str(shown.get("status")), str(shown.get("lastTransitionTime") or ""))
-        kept = (last[1] or None) if last[0] == status else None
-        body = condition_patch(condition, time.time(), transitioned=kept)
-        try:
-            answer = await self._client.patch(
-                NODES, self.node_name, body, type="strategic", subresource="status"
-            )
-        except KubeError as exc:
-            self.condition_error = str(exc)
-            log.warning("NodeAgentConfigOK condition not written", error=str(exc))
-            return
-        self.condition_error = None
-        self.condition_writes += 1
-        self._transition = (status, body["status"]["conditions"][0]["lastTransitionTime"])
-        self.written = condition
-        self._written_uid = _uid(answer)
-
     @property
     def events_posted(self) -> int:
         """Events posted on the Node (apply, veto, invalid, rollback)."""
@@ -458,13 +288,10 @@ class DynconfigComponent:
             )
         # The Node's status (the condition) not writable: bounded, a control-plane restart
         # must not flip readiness (nor roll a trial back).
-        now, bound = trio.current_time(), self.controller.settings.status_write_bound
-        failing = {"condition": self.condition_error} if self.condition_error else {}
-        lapses = self._status_failing.observe(failing, now)
-        what = "writing the NodeAgentConfigOK condition fails"
-        if overdue(lapses, now, bound) is not None:
-            return False, describe(what, lapses[0], now, bound)
-        writing = "; " + describe(what, lapses[0], now, bound) if lapses else ""
+        overdue, writing = self.condition.failing(self.controller.settings.status_write_bound)
+        if overdue:
+            return False, writing
+        writing = "; " + writing if writing else ""
         problems = [r for acc in self.accumulators if (r := acc.not_ready_reason())]
         if problems:
             watching = "watching NodeAgentConfig objects (" + "; ".join(problems) + ")"
@@ -478,9 +305,9 @@ class DynconfigComponent:
             "selection": self.selection_reason,
             "invalid": [{"name": n, "reason": r} for n, r in self.invalid],
             "crd_missing": self.crd_missing,
-            "condition_writes": self.condition_writes,
+            "condition_writes": self.condition.writes,
             "events_posted": self.events_posted,
-            "condition_error": self.condition_error,
+            "condition_error": self.condition.error,
         }
 
 
@@ -490,25 +317,3 @@ def _same_object(meta: Mapping[str, Any], name: str, uid: str) -> bool:
     if uid and isinstance(other, str) and other:
         return other == uid
     return meta.get("name") == name
-
-
-async def _cancel_when(wait: Callable[[], Awaitable[object]], scope: trio.CancelScope) -> None:
-    await wait()
-    scope.cancel()
-
-
-def _uid(node: bytes) -> str | None:
-    """metadata.uid of a Node the server returned (None if it cannot be read)."""
-    try:
-        uid = msgspec.json.decode(node, type=_NodeHead).metadata.uid
-    except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
-    return uid or None
-
-
-class _Meta(msgspec.Struct):
-    uid: str = ""
-
-
-class _NodeHead(msgspec.Struct):
-    metadata: _Meta = msgspec.field(default_factory=_Meta)
