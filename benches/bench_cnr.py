@@ -34,6 +34,7 @@ from nodeagent.kube import KubeClient, WatchRequest, run_watch
 from nodeagent.plugins import PluginManager
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.cnr import CNR_RESOURCE, FIELD_MANAGER
+from nodeagent.reporter.component import ReporterComponent
 from nodeagent.reporter.merge import (
     CNR_API_VERSION,
     CNR_GROUP,
@@ -46,7 +47,6 @@ from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.rpc import open_grpc_bridge
 from nodeagent.sdk import ReporterPlugin
 from nodeagent.sdk.reporter import ReportItem
-from nodeagent.service.reporter import ReporterComponent
 from tests.plugins.conftest import fast_settings
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import install_cnr_crd

@@ -39,11 +39,11 @@ from nodeagent.core.component import Readiness
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
+from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.resources.model import desired_slices
 from nodeagent.resources.publisher import Publisher
 from nodeagent.resources.settings import ResourcesSettings
 from nodeagent.service.agent import LOOP_SWITCH_INTERVAL
-from nodeagent.service.resources import ResourcesComponent, slice_summary
 
 DRIVERS = 8
 DEVICES = 1024

@@ -20,13 +20,13 @@ from nodeagent.accumulator import AccumulatorSettings
 from nodeagent.kube import KubeClient
 from nodeagent.plugins import PluginManager
 from nodeagent.reporter.cnr import CNR_RESOURCE, CnrWriter
+from nodeagent.reporter.component import ReporterComponent
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.model import PluginReport
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.rpc import open_grpc_bridge
 from nodeagent.sdk import ReporterPlugin
 from nodeagent.sdk.reporter import FieldType, ReportItem
-from nodeagent.service.reporter import ReporterComponent
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN
 from tests.plugins.test_grpcio_wire import grpcio_modules as grpcio_modules

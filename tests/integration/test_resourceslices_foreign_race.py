@@ -30,8 +30,8 @@ import trio
 from nodeagent.accumulator import AccumulatorSettings
 from nodeagent.kube import CORE_EVENTS, RESOURCESLICES, KubeClient
 from nodeagent.kube.metrics import WATCH_EVENTS
+from nodeagent.resources.component import ResourcesComponent
 from nodeagent.resources.settings import ResourcesSettings
-from nodeagent.service.resources import ResourcesComponent
 from tests.integration.conftest import client_for
 from tests.integration.test_resourceslices import (
     DRIVER,

@@ -26,8 +26,8 @@ from nodeagent.kube import (
 )
 from nodeagent.kube.models import Node
 from nodeagent.resources import metrics
+from nodeagent.resources.component import ResourcesComponent
 from nodeagent.resources.settings import ResourcesSettings
-from nodeagent.service.resources import ResourcesComponent
 from tests.integration.test_resourceslices import (
     DRIVER,
     NODE,

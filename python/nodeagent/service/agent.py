@@ -36,6 +36,8 @@ from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.kube import DryRun, EventRecorder, load_client
 from nodeagent.log import get_logger, set_log_level
 from nodeagent.plugins import PluginManager
+from nodeagent.reporter.component import ReporterComponent, cnr_summary
+from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
@@ -45,8 +47,6 @@ from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.hub import ConfigHub
 from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS
 from nodeagent.service.ops import OpsServer
-from nodeagent.service.reporter import ReporterComponent, cnr_summary
-from nodeagent.service.resources import ResourcesComponent, slice_summary
 from nodeagent.service.sdnotify import Notifier
 from nodeagent.service.settings import AgentSettings
 from nodeagent.service.status import config_document

@@ -21,11 +21,11 @@ from nodeagent.dynconfig.component import DynconfigComponent
 from nodeagent.dynconfig.health import CAUSES, HealthTracker
 from nodeagent.dynconfig.overlay import DYNAMIC_FIELDS
 from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.reporter.component import ReporterComponent
+from nodeagent.resources.component import ResourcesComponent
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config
-from nodeagent.service.reporter import ReporterComponent
-from nodeagent.service.resources import ResourcesComponent
 from tests.support.fake_dynconfig import FakeHub, Report, Result
 from tests.unit.dynconfig.test_controller import Rig, make, target
 

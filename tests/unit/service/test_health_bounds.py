@@ -24,10 +24,10 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import PluginRecord, PluginState
+from nodeagent.reporter.component import ReporterComponent
 from nodeagent.reporter.settings import ReporterSettings
+from nodeagent.resources.component import ResourcesComponent
 from nodeagent.resources.settings import ResourcesSettings
-from nodeagent.service.reporter import ReporterComponent
-from nodeagent.service.resources import ResourcesComponent
 from nodeagent.service.settings import AgentSettings
 
 POOL = ("gpu.example.com", "node-a")

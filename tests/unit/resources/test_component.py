@@ -11,8 +11,8 @@ import trio.testing
 
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
+from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.resources.settings import ResourcesSettings
-from nodeagent.service.resources import ResourcesComponent, slice_summary
 from tests.support.fake_http_apiserver import FakeCluster, mock_client
 
 

@@ -16,9 +16,9 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
 from nodeagent.kube import KubeClient, errors
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
+from nodeagent.reporter.component import ReporterComponent, cnr_summary
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.settings import ReporterSettings
-from nodeagent.service.reporter import ReporterComponent, cnr_summary
 from nodeagent.service.status import render
 
 
