@@ -56,6 +56,8 @@ class PluginManager:
     registration, so every socket registers afresh, while handlers keep the last data.
     """
 
+    name = "plugins"  # a supervised component as it is (core.component.Component)
+
     def __init__(
         self,
         settings: PluginSettings | LatestValue[PluginSettings],

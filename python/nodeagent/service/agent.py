@@ -41,7 +41,6 @@ from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
-from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config, ConfigBuilder
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.hub import ConfigHub
@@ -174,7 +173,7 @@ class Agent:
         )
         self.extra_components = list(extra_components)
         self.supervisor: Supervisor | None = None
-        self.plugins_component: PluginsComponent | None = None
+        self.plugin_manager: PluginManager | None = None
         self.resources_component: ResourcesComponent | None = None
         self.reporter_component: ReporterComponent | None = None
         self.shutdown_hooks: list[ShutdownHook] = []
@@ -310,8 +309,7 @@ class Agent:
 
     async def _serve(self) -> None:
         async with open_grpc_bridge() as bridge, self.cluster.connected() as client:
-            manager = PluginManager(self.hub.plugins, bridge)
-            self.plugins_component = PluginsComponent(manager)
+            self.plugin_manager = manager = PluginManager(self.hub.plugins, bridge)
             agent = self.config.agent
             self.resources_component = ResourcesComponent(
                 node_name=agent.node_name,
@@ -348,7 +346,7 @@ class Agent:
                 dynamic.append(self.dynconfig_component)
             self.supervisor = Supervisor(
                 [
-                    self.plugins_component,
+                    manager,
                     self.cluster,
                     self.resources_component,
                     self.reporter_component,
@@ -447,9 +445,9 @@ class Agent:
         return self.supervisor.report() if self.supervisor is not None else []
 
     def plugins(self) -> list[dict[str, Any]]:
-        if self.plugins_component is None:
+        if self.plugin_manager is None:
             return []
-        return self.plugins_component.manager.status()
+        return self.plugin_manager.status()
 
     def resourceslices(self) -> dict[str, Any]:
         if self.resources_component is None:

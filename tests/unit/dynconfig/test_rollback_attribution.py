@@ -21,10 +21,10 @@ from nodeagent.dynconfig.component import DynconfigComponent
 from nodeagent.dynconfig.health import CAUSES, HealthTracker
 from nodeagent.dynconfig.overlay import DYNAMIC_FIELDS
 from nodeagent.dynconfig.settings import DynconfigSettings
+from nodeagent.plugins import PluginManager
 from nodeagent.reporter.component import ReporterComponent
 from nodeagent.resources.component import ResourcesComponent
 from nodeagent.service.cluster import ClusterComponent
-from nodeagent.service.components import PluginsComponent
 from nodeagent.service.config import Config
 from tests.support.fake_dynconfig import FakeHub, Report, Result
 from tests.unit.dynconfig.test_controller import Rig, make, target
@@ -38,7 +38,7 @@ def test_the_table_names_the_components_and_tables_of_the_agent() -> None:
     components = {
         c.name
         for c in (
-            PluginsComponent,
+            PluginManager,
             ResourcesComponent,
             ReporterComponent,
             ClusterComponent,
