@@ -15,6 +15,8 @@ import pytest
 from nodeagent.kube import CUSTOMRESOURCEDEFINITIONS, KubeClient, errors
 from tests.support.crds import CNR, CNR_CRD_FILE, CNR_CRD_NAME, cnr, install_cnr_crd
 
+pytestmark = pytest.mark.releases
+
 UPSTREAM_COMMIT = "1869da5292f8b0d3cb46a35b9035aea0f6cbdb93"
 
 SPEC: dict[str, Any] = {

@@ -23,6 +23,8 @@ from tests.support.crds import (
     until_cnr_access_enforced,
 )
 
+pytestmark = pytest.mark.releases
+
 NODEAGENT_YAML = REPO_ROOT / "deploy" / "kubernetes" / "nodeagent.yaml"
 POLICY = "nodeagent-cnr-own-node-sa"
 NODE = "ds-node-1"  # not a harness identity: only the token names it

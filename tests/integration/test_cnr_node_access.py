@@ -27,6 +27,8 @@ from tests.support.crds import (
 )
 from tests.support.resources import CLUSTERROLEBINDINGS, CLUSTERROLES
 
+pytestmark = pytest.mark.releases
+
 MANAGER = "nodeagent"
 STATUS = {"topologyPolicy": "None", "resources": {"allocatable": {"cpu": "2"}}}
 

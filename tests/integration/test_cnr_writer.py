@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import msgspec
+import pytest
 import trio
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings
@@ -23,6 +24,8 @@ from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.model import PluginReport
 from nodeagent.reporter.settings import ReporterSettings
 from tests.support.crds import install_cnr_crd, install_cnr_node_access
+
+pytestmark = pytest.mark.releases
 
 SPEC, STATUS, METADATA = pb.Spec, pb.Status, pb.Metadata
 WAIT = 30

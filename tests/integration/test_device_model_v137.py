@@ -55,7 +55,7 @@ from tests.support.wait import wait_until
 from tests.unit.resources.device_field_cases import CASES, Case
 from tests.unit.sdk.test_devices_v137 import partitioned_pool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 __all__ = ["admin"]  # the fixture, re-used
 
 # This module's own server: every DRA gate of the release on.

@@ -38,7 +38,7 @@ from nodeagent.resources.model import (
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 from tests.support.quantity import parse_quantity
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"

@@ -12,7 +12,7 @@ import pytest
 from nodeagent.dynconfig.status import CONDITION_TYPE, Condition, condition_patch
 from nodeagent.kube import NODES, KubeClient, errors
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 
 
 async def _ensure_node(admin: KubeClient, name: str) -> None:

@@ -17,6 +17,8 @@ from nodeagent.dynconfig.source import NodeAgentConfig, decode_object, select_ta
 from nodeagent.kube import KubeClient, errors
 from tests.support.nodeagentconfig import NAC, install_nodeagentconfig_crd, nodeagentconfig
 
+pytestmark = pytest.mark.releases
+
 CONFIG: dict[str, Any] = {
     "agent": {"log_level": "debug"},
     "plugins": {"scan_interval": 2, "probe_interval": 5.5},

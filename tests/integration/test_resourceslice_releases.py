@@ -45,7 +45,7 @@ from tests.support.apiserver import (
 )
 from tests.unit.sdk.test_devices_v137 import partitioned_pool
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 
 NODE_ALLOCATABLE = "DRANodeAllocatableResources"
 # Every release by default; a CI lane that picks one ($NODEAGENT_KUBE_RELEASE) runs that one.

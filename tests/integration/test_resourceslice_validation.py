@@ -37,7 +37,7 @@ from nodeagent.resources.model import (
 from tests.integration.test_resourceslice_gates import _start
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"

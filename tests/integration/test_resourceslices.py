@@ -28,7 +28,7 @@ from tests.integration.conftest import client_for
 from tests.support.apiserver import ApiServer
 from tests.support.wait import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 
 NODE = "node-a"
 DRIVER = "gpu.example.com"

@@ -24,7 +24,7 @@ from tests.plugins.conftest import fast_settings
 from tests.support.apiserver import ApiServer
 from tests.support.wait import wait_until
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.releases]
 __all__ = ["admin"]  # the fixture, re-used
 
 DRIVER = "seed.example.com"
