@@ -30,7 +30,8 @@ import trio
 
 from benches.report import client_for, percentile, print_uncaptured
 from nodeagent.accumulator import AccumulatorSettings
-from nodeagent.kube import KubeClient, WatchRequest, run_watch
+from nodeagent.core.latest import LatestValue
+from nodeagent.kube import EventRecorder, KubeClient, WatchRequest, run_watch
 from nodeagent.plugins import PluginManager
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.cnr import CNR_RESOURCE, FIELD_MANAGER
@@ -190,15 +191,18 @@ async def agent(
             fast_settings(registry, probe_interval=2.0, stream_min_interval=0.0), bridge
         )
         await nursery.start(manager.run)
+        events = EventRecorder(node, client=client)
         component = ReporterComponent(
             node_name=node,
             plugins=manager.channel("ReporterPlugin"),
-            settings=ReporterSettings(cnr_min_write_interval=min_write_interval),
+            settings=LatestValue(ReporterSettings(cnr_min_write_interval=min_write_interval)),
             accumulator_settings=AccumulatorSettings(),
             state_dir=None,
             client=client,
             in_tree=[],
+            events=events,
         )
+        nursery.start_soon(events.run)
         await nursery.start(component.run)
         yield manager, component
         nursery.cancel_scope.cancel()

@@ -38,6 +38,7 @@ from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.component import Readiness
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
+from nodeagent.kube import EventRecorder
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.resources.model import desired_slices
@@ -141,8 +142,9 @@ async def run(baseline: bool) -> dict[str, float]:
     comp = kind(
         node_name="node-a",
         inventories=latest,
-        settings=settings,
+        settings=LatestValue(settings),
         accumulator_settings=AccumulatorSettings(),
+        events=EventRecorder("node-a"),
     )
     lags: list[float] = []
     calls = {"updates": 0, "polls": 0}

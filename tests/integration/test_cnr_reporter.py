@@ -17,7 +17,8 @@ import msgspec
 import trio
 
 from nodeagent.accumulator import AccumulatorSettings
-from nodeagent.kube import KubeClient
+from nodeagent.core.latest import LatestValue
+from nodeagent.kube import EventRecorder, KubeClient
 from nodeagent.plugins import PluginManager
 from nodeagent.reporter.cnr import CNR_RESOURCE, CnrWriter
 from nodeagent.reporter.component import ReporterComponent
@@ -67,15 +68,18 @@ async def agent(
     async with open_grpc_bridge() as bridge, trio.open_nursery() as nursery:
         manager = PluginManager(fast_settings(registry), bridge)
         await nursery.start(manager.run)
+        events = EventRecorder(node, client=client)
         component = ReporterComponent(
             node_name=node,
             plugins=manager.channel("ReporterPlugin"),
-            settings=ReporterSettings(cnr_min_write_interval=0.0, **settings),
+            settings=LatestValue(ReporterSettings(cnr_min_write_interval=0.0, **settings)),
             accumulator_settings=AccumulatorSettings(),
             state_dir=state_dir,
             client=client,
             in_tree=[],
+            events=events,
         )
+        nursery.start_soon(events.run)
         await nursery.start(component.run)
         yield manager, component
         nursery.cancel_scope.cancel()

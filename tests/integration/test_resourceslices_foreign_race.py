@@ -28,7 +28,8 @@ import pytest
 import trio
 
 from nodeagent.accumulator import AccumulatorSettings
-from nodeagent.kube import CORE_EVENTS, RESOURCESLICES, KubeClient
+from nodeagent.core.latest import LatestValue
+from nodeagent.kube import CORE_EVENTS, RESOURCESLICES, EventRecorder, KubeClient
 from nodeagent.kube.metrics import WATCH_EVENTS
 from nodeagent.resources.component import ResourcesComponent
 from nodeagent.resources.settings import ResourcesSettings
@@ -161,13 +162,16 @@ async def test_a_foreign_slice_around_registration_refuses_the_pool(
             create_foreign if where == "sent" else None,
             create_foreign if where == "stored" else None,
         )
+        events = EventRecorder(NODE, client=client)
         comp = ResourcesComponent(
             node_name=NODE,
             inventories=plugins.latest,
-            settings=ResourcesSettings(startup_grace=0.0),
+            settings=LatestValue(ResourcesSettings(startup_grace=0.0)),
             accumulator_settings=AccumulatorSettings(),
             client=client,
+            events=events,
         )
+        nursery.start_soon(events.run)
         await nursery.start(comp.run)
         pub = comp.publisher
         assert pub is not None

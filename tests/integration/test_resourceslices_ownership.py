@@ -15,11 +15,13 @@ import pytest
 import trio
 
 from nodeagent.accumulator import AccumulatorSettings
+from nodeagent.core.latest import LatestValue
 from nodeagent.kube import (
     CORE_EVENTS,
     NODES,
     RESOURCESLICES,
     ClusterConfig,
+    EventRecorder,
     KubeClient,
     errors,
     load_kubeconfig,
@@ -312,14 +314,17 @@ async def test_nothing_is_written_while_the_slice_list_is_forbidden(
         trio.open_nursery() as nursery,
     ):
         # The agent's own wiring: the component builds the accumulator and the publisher.
+        events = EventRecorder(NODE, client=client)
         comp = ResourcesComponent(
             node_name=NODE,
             inventories=plugins.latest,
-            settings=ResourcesSettings(startup_grace=0.0),
+            settings=LatestValue(ResourcesSettings(startup_grace=0.0)),
             # Short local-write TTL and list retries: what used to multiply the pool.
             accumulator_settings=AccumulatorSettings(local_write_ttl=0.5, forbidden_retry=0.2),
             client=client,
+            events=events,
         )
+        nursery.start_soon(events.run)
         await nursery.start(comp.run)
         acc, pub = comp.accumulator, comp.publisher
         assert acc is not None and pub is not None

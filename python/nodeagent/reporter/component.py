@@ -46,19 +46,18 @@ class ReporterComponent:
         *,
         node_name: str,
         plugins: LatestValue[Mapping[str, PluginData]],
-        settings: ReporterSettings | LatestValue[ReporterSettings],
+        settings: LatestValue[ReporterSettings],
         accumulator_settings: AccumulatorSettings,
         state_dir: str | None,
         client: KubeClient | None = None,
         in_tree: Sequence[InTreeReporter] | None = None,
         dry_run: bool = False,
-        events: EventRecorder | None = None,
+        events: EventRecorder,
     ) -> None:
         self.node_name = node_name
-        self._events = events  # the process's recorder (None: the writer's own)
+        self._events = events  # the process's recorder
         self._plugins = plugins
-        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
-        settings = self._live.value
+        self._live = settings
         self._accumulator_settings = accumulator_settings
         self._checkpoints = (
             # A dry run reads the checkpoint a real agent left and writes none.
@@ -68,9 +67,10 @@ class ReporterComponent:
         )
         self._client = client
         if in_tree is None:
+            first = settings.value
             in_tree = (
-                [SystemReporter(cpu_flags=settings.cpu_flags, cpu_model=settings.cpu_model)]
-                if settings.system_reporter
+                [SystemReporter(cpu_flags=first.cpu_flags, cpu_model=first.cpu_model)]
+                if first.system_reporter
                 else []
             )
         self._in_tree = list(in_tree)

@@ -37,13 +37,13 @@ class ResourcesComponent:
         *,
         node_name: str,
         inventories: LatestValue[Mapping[str, PluginData]],
-        settings: ResourcesSettings | LatestValue[ResourcesSettings],
+        settings: LatestValue[ResourcesSettings],
         accumulator_settings: AccumulatorSettings,
+        events: EventRecorder,
         client: KubeClient | None = None,
-        events: EventRecorder | None = None,
     ) -> None:
         self.node_name = node_name
-        self._events = events  # the process's recorder (None: the publisher's own)
+        self._events = events  # the process's recorder
         self._inventories = inventories
         self._settings = settings
         self._accumulator_settings = accumulator_settings
@@ -56,8 +56,7 @@ class ResourcesComponent:
 
     @property
     def _bound(self) -> float:
-        s = self._settings
-        return (s.value if isinstance(s, LatestValue) else s).publish_failure_bound
+        return self._settings.value.publish_failure_bound
 
     @property
     def standalone(self) -> bool:

@@ -14,7 +14,7 @@ import trio.testing
 from nodeagent.accumulator import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
-from nodeagent.kube import KubeClient, errors
+from nodeagent.kube import EventRecorder, KubeClient, errors
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.component import ReporterComponent, cnr_summary
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
@@ -56,8 +56,9 @@ async def test_standalone_serves_the_merged_cnr(tmp_path: Path) -> None:
     component = ReporterComponent(
         node_name="n1",
         plugins=plugins,
-        settings=ReporterSettings(),
+        settings=LatestValue(ReporterSettings()),
         accumulator_settings=AccumulatorSettings(),
+        events=EventRecorder("n1"),
         state_dir=str(tmp_path),
         in_tree=[InTree()],
     )
@@ -103,8 +104,9 @@ async def test_connected_without_the_crd_is_ready_and_looks_again(
     component = ReporterComponent(
         node_name="n1",
         plugins=plugins,
-        settings=ReporterSettings(cnr_retry_max=30.0),
+        settings=LatestValue(ReporterSettings(cnr_retry_max=30.0)),
         accumulator_settings=AccumulatorSettings(),
+        events=EventRecorder("n1"),
         state_dir=str(tmp_path),
         client=cast(KubeClient, client),
         in_tree=[InTree()],
@@ -145,8 +147,9 @@ async def test_unreachable_apiserver_does_not_hold_the_start_back(
     component = ReporterComponent(
         node_name="n1",
         plugins=LatestValue({}),
-        settings=ReporterSettings(cnr_retry_initial=1.0, cnr_retry_max=30.0),
+        settings=LatestValue(ReporterSettings(cnr_retry_initial=1.0, cnr_retry_max=30.0)),
         accumulator_settings=AccumulatorSettings(),
+        events=EventRecorder("n1"),
         state_dir=str(tmp_path),
         client=cast(KubeClient, client),
         in_tree=[InTree()],

@@ -11,6 +11,7 @@ import trio.testing
 
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.latest import LatestValue
+from nodeagent.kube import EventRecorder
 from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.resources.settings import ResourcesSettings
 from tests.support.fake_http_apiserver import FakeCluster, mock_client
@@ -21,8 +22,9 @@ def component(client: Any = None) -> ResourcesComponent:
     return ResourcesComponent(
         node_name="node-a",
         inventories=inventories,
-        settings=ResourcesSettings(),
+        settings=LatestValue(ResourcesSettings()),
         accumulator_settings=AccumulatorSettings(),
+        events=EventRecorder("node-a"),
         client=client,
     )
 
@@ -121,8 +123,9 @@ async def test_readiness_counts_without_building_the_slices(
     comp = ResourcesComponent(
         node_name="node-a",
         inventories=inventories,
-        settings=ResourcesSettings(),
+        settings=LatestValue(ResourcesSettings()),
         accumulator_settings=AccumulatorSettings(),
+        events=EventRecorder("node-a"),
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(comp.run)

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.latest import LatestValue
+from nodeagent.kube import EventRecorder
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import PluginRecord, PluginState
@@ -94,9 +95,10 @@ def resources(bound: float = 120.0) -> tuple[ResourcesComponent, Pub, Acc]:
     comp = ResourcesComponent(
         node_name="node-a",
         inventories=inventories,
-        settings=ResourcesSettings(publish_failure_bound=bound),
+        settings=LatestValue(ResourcesSettings(publish_failure_bound=bound)),
         accumulator_settings=AccumulatorSettings(),
         client=object(),  # type: ignore[arg-type]  # never used: run() is not called
+        events=EventRecorder("node-a"),
     )
     pub, acc = Pub(), Acc()
     comp.publisher, comp.accumulator = pub, acc  # type: ignore[assignment]
@@ -185,10 +187,11 @@ async def test_cnr_writes_failing_are_not_ready_only_past_the_bound(
     comp = ReporterComponent(
         node_name="node-a",
         plugins=LatestValue({}),
-        settings=ReporterSettings(cnr_failure_bound=60),
+        settings=LatestValue(ReporterSettings(cnr_failure_bound=60)),
         accumulator_settings=AccumulatorSettings(),
         state_dir=None,
         client=object(),  # type: ignore[arg-type]  # never used: run() is not called
+        events=EventRecorder("node-a"),
         in_tree=[],
     )
     writer = Writer()
