@@ -79,7 +79,7 @@ def _agent(baseline: bool, argv: list[str]) -> int:
 
         _grpc.StreamCodec.decode = _grpc.LimitedProtoCodec.decode  # type: ignore[method-assign]
         # And readiness renders the last message, as it did at every heartbeat.
-        from nodeagent.plugins.handler import StreamingHandler
+        from nodeagent.plugins.streaming import StreamingHandler
 
         status = StreamingHandler.plugin_status
 

@@ -20,8 +20,8 @@ from google.protobuf import json_format
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.plugins.inventory_shape import validate_inventory_message
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import model
 from nodeagent.resources.convert import convert_native

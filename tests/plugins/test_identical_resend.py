@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from nodeagent.plugins import DraHandler, PluginManager, handler
+from nodeagent.plugins import DraHandler, PluginManager, streaming
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.rpc import GrpcBridge
 from nodeagent.rpc._grpc import LimitedProtoCodec, StreamCodec
@@ -49,7 +49,7 @@ async def test_an_identical_resend_is_counted_and_nothing_else(
     assert isinstance(dra, DraHandler)
     validated: list[Any] = []
     rendered: list[Any] = []
-    validate, to_dict = dra.validate_message, handler._to_dict
+    validate, to_dict = dra.validate_message, streaming._to_dict
 
     def validating(message: Any) -> None:
         validated.append(message)
@@ -60,7 +60,7 @@ async def test_an_identical_resend_is_counted_and_nothing_else(
         return to_dict(message)
 
     monkeypatch.setattr(dra, "validate_message", validating)
-    monkeypatch.setattr(handler, "_to_dict", rendering)
+    monkeypatch.setattr(streaming, "_to_dict", rendering)
     channel = manager.channel("DRAPlugin")
     devices = [Device(f"dev-{i}", {"index": i}, capacity={"memory": "1Gi"}) for i in range(512)]
     async with DevicePlugin.serve(name=NAME, registry_dir=registry, bridge=bridge) as plugin:

@@ -16,13 +16,9 @@ from __future__ import annotations
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.plugins.dra_native import validate_inventory_message
-from nodeagent.plugins.handler import (
-    InvalidMessage,
-    PluginEndpoint,
-    PluginValidationError,
-    StreamingHandler,
-)
+from nodeagent.plugins.handler import InvalidMessage, PluginEndpoint, PluginValidationError
+from nodeagent.plugins.inventory_shape import validate_inventory_message
+from nodeagent.plugins.streaming import StreamingHandler
 from nodeagent.plugins.versions import dra_api, highest_supported_version
 
 if TYPE_CHECKING:

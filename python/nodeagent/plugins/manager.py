@@ -21,13 +21,14 @@ from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
 from nodeagent.plugins.dra import DRA_PLUGIN_TYPE, DraHandler
 from nodeagent.plugins.executor import OperationExecutor
-from nodeagent.plugins.handler import PluginHandler, PluginValidationError, StreamingHandler
+from nodeagent.plugins.handler import PluginHandler, PluginValidationError
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.reconciler import Reconciler
 from nodeagent.plugins.reporter import ReporterHandler
 from nodeagent.plugins.security import UidCheck, allowed_uids_check
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginState, SocketIdentity
+from nodeagent.plugins.streaming import StreamingHandler
 from nodeagent.plugins.versions import dra_api
 from nodeagent.plugins.watcher import RegistryWatcher
 

@@ -8,7 +8,7 @@ registration left is forgotten `grace` seconds later (its last data, its status)
 drops a stopped endpoint's data after 5 minutes; registering again before then keeps it.
 
 The table knows registrations only: what serving means (a stream, publication) is the handler's
-(`plugins.handler.StreamingHandler`), which keeps its per-name state in a `NameEntry` subclass.
+(`plugins.streaming.StreamingHandler`), which keeps its per-name state in a `NameEntry` subclass.
 """
 
 from __future__ import annotations

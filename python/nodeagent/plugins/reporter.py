@@ -13,17 +13,10 @@ import trio
 
 from nodeagent.log import get_logger
 from nodeagent.plugins import metrics
-from nodeagent.plugins.handler import (
-    InvalidMessage,
-    PluginEndpoint,
-    PluginValidationError,
-    StreamingHandler,
-    _Entry,
-    _rejection_kind,
-    _Stream,
-)
+from nodeagent.plugins.handler import InvalidMessage, PluginEndpoint, PluginValidationError
 from nodeagent.plugins.security import UidCheck
 from nodeagent.plugins.settings import PluginSettings
+from nodeagent.plugins.streaming import StreamingHandler, _Entry, _rejection_kind, _Stream
 from nodeagent.plugins.versions import require_any_version
 from nodeagent.rpc.errors import MessageRejected, RpcError
 

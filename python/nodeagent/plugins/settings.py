@@ -40,7 +40,7 @@ class PluginSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     endpoint_dirs: list[str] | None = None
     # UIDs a plugin process may run as (SO_PEERCRED). None = root and the agent's own user.
     allowed_uids: list[int] | None = None
-    # Seconds between scans of registry_dir (polling: see README, "why poll").
+    # Seconds between scans of registry_dir (why poll, not inotify: docs/plugins/index.md).
     scan_interval: float = 1.0
     # The connection monitor (the kubelet's values): seconds between GetInfo probes of each
     # registered plugin, the probe's dial and GetInfo timeouts, and the consecutive failed

@@ -26,7 +26,8 @@ callback posted to the other side (`loop.call_soon_threadsafe` one way,
 small buffer that the Trio side drains, with one wake-up per batch rather than per message.
 Every asyncio task the bridge starts belongs to a Trio caller, which cancels it and waits for it
 (bounded by `_CLOSE_TIMEOUT`) when it leaves: nothing on the asyncio side outlives its Trio
-owner. See README "Architecture".
+owner. Why a thread (and not trio-asyncio or a guest run): docs/architecture/index.md, "The gRPC
+bridge".
 """
 
 from __future__ import annotations

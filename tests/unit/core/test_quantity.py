@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodeagent import _native
-from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.plugins.inventory_shape import validate_inventory_message
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from tests.support.quantity import (
     ERR_FORMAT,

@@ -8,8 +8,8 @@ import pytest
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from nodeagent.plugins.dra import DraHandler
-from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.plugins.inventory_shape import validate_inventory_message
 from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.sdk import (

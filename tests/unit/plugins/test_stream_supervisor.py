@@ -13,9 +13,10 @@ import trio
 import trio.lowlevel
 from prometheus_client import REGISTRY
 
-from nodeagent.plugins.handler import PluginEndpoint, StreamingHandler
+from nodeagent.plugins.handler import PluginEndpoint
 from nodeagent.plugins.reporter import validate_report
 from nodeagent.plugins.settings import PluginSettings
+from nodeagent.plugins.streaming import StreamingHandler
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.rpc.bridge import GrpcChannel, MessageTooLarge, RpcError, ServerStream
 

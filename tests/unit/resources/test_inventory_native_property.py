@@ -14,15 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodeagent import _native
-from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.plugins.inventory_shape import validate_inventory_message
 from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources import model
 from nodeagent.resources.convert import convert_native, convert_seed, seed_device_name
 from tests.support.dra_reference import convert as ref_convert
-from tests.support.dra_reference import dra_native as ref_dra_native
+from tests.support.dra_reference import inventory_shape as ref_inventory_shape
 from tests.support.dra_reference import validation as ref_validation
 
 _SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
@@ -282,7 +282,7 @@ def _shape_error(check: object, message: device_pb2.Inventory) -> str | None:
 @given(native_message())
 def test_native_message_shape_rules_match_the_reference(message: device_pb2.Inventory) -> None:
     got = _shape_error(validate_inventory_message, message)
-    expected = _shape_error(ref_dra_native.validate_inventory_message, message)
+    expected = _shape_error(ref_inventory_shape.validate_inventory_message, message)
     assert (got is None) == (expected is None)
     if _single_keyed(ref_convert.from_native("d", message)):
         # The first error found: the same one when both walk the maps in the same order.

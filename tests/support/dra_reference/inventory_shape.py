@@ -6,7 +6,7 @@ These are the checks that make a message unusable as a whole (a value missing fr
 duplicate names, lists over the v1 size limits, unparsable quantities, including those of request
 policies and node-allocatable resources); the resource-level rules (qualified names, DNS labels,
 semver, taint effects, the request policy's and binding conditions' rules:
-`resources.device_fields`) are the publisher's, which names the device and the rule in an
+rust/src/inventory/rules.rs) are the publisher's, which names the device and the rule in an
 Event. Either way the plugin's last good inventory stays published.
 """
 

@@ -1,14 +1,14 @@
 """The native message's shape rules for the 1.37 device fields: unparsable quantities and lists
 over the v1 limits refuse the message, naming the field path; everything else is the
-publisher's (resources.device_fields)."""
+publisher's (rust/src/inventory/rules.rs, through `model.validate_inventory`)."""
 
 from __future__ import annotations
 
 import pytest
 from google.protobuf.json_format import ParseDict
 
-from nodeagent.plugins.dra_native import validate_inventory_message
 from nodeagent.plugins.handler import InvalidMessage
+from nodeagent.plugins.inventory_shape import validate_inventory_message
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
 

@@ -8,7 +8,7 @@ which names the device and the rule in an Event. Either way the plugin's last go
 stays published.
 
 In Rust (`nodeagent._native.native_message_error`, rust/src/inventory/rules.rs): the one
-implementation; tests/support/dra_reference/dra_native.py is its plain-Python reference.
+implementation; tests/support/dra_reference/inventory_shape.py is its plain-Python reference.
 """
 
 from __future__ import annotations
