@@ -135,6 +135,18 @@ class CheckpointStore:
                 raise
             self.problem = None
 
+    def remove(self, name: str) -> None:
+        """Remove checkpoint `name` (none there: nothing to do); an OSError is raised."""
+        path = self.path(name)
+        if self.read_only:
+            return
+        with self._lock:
+            try:
+                path.unlink()
+            except FileNotFoundError:
+                return
+            _fsync_directory(self.directory)
+
     def _ensure_directory(self) -> None:
         if self.directory.is_dir():
             return

@@ -22,7 +22,7 @@ from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig import state as persisted
 from nodeagent.dynconfig.metrics import ACTIVE_INFO, LKG_INFO, ROLLBACKS, show
 from nodeagent.dynconfig.settings import DynconfigSettings
-from nodeagent.dynconfig.state import LOCAL, BadKind, Known, State, Trial
+from nodeagent.dynconfig.state import LOCAL, BadKind, Known, Saved, State, Trial
 from nodeagent.dynconfig.status import (
     Condition,
     ConfigEvent,
@@ -59,6 +59,9 @@ class BootResult(Generic[C]):
     resume_for: float | None = None
     # What the start decided that the Node should see (posted once the controller runs).
     events: list[ConfigEvent] = field(default_factory=list)
+    # The checkpoint is older than `state` (its last write at start failed): the controller
+    # writes it again until it succeeds.
+    behind: bool = False
 
 
 def boot(
@@ -67,10 +70,12 @@ def boot(
     build: Callable[[Mapping[str, Any] | None], C],
     *,
     wall: Callable[[], float] = time.time,
+    runtime: CheckpointStore | None = None,
 ) -> BootResult[C]:
     """The config to start with (raises nothing: a broken checkpoint falls back to the local
-    config and says why)."""
-    return _Boot(settings, store, build, wall).run()
+    config and says why). `runtime`: the runtime directory's store, whose copy of the state,
+    if any, is newer than the checkpoint (dynconfig.state)."""
+    return _Boot(settings, store, build, wall, runtime).run()
 
 
 class _Boot(Generic[C]):
@@ -80,19 +85,35 @@ class _Boot(Generic[C]):
         store: CheckpointStore,
         build: Callable[[Mapping[str, Any] | None], C],
         wall: Callable[[], float],
+        runtime: CheckpointStore | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
         self.build = build
         self.wall = wall
+        self.runtime = runtime
         self.state = State()
         self.events: list[ConfigEvent] = []
+        self.behind = False
+        # Where the state was read (said in a resumed trial's reason).
+        self.read_from = "the checkpoint"
 
     def run(self) -> BootResult[C]:
-        loaded = persisted.load(self.store)
+        result = self._decide()
+        result.behind = self.behind  # after the last write of the start
+        return result
+
+    def _decide(self) -> BootResult[C]:
+        kept = None if self.runtime is None else persisted.load_runtime(self.runtime)
+        loaded = persisted.load(self.store) if kept is None else kept
         if isinstance(loaded, str):
             return self._local("defaults", loaded)
         self.state = state = loaded
+        if kept is not None:
+            # The last run saved it only there (its state directory was not writable, also at
+            # a clean stop): into the checkpoint now, if that can be written.
+            self.read_from = "the runtime directory (the state directory was not writable)"
+            self._save()
         now = self.wall()
         why = "the agent died during its trial"
         trial = state.trial
@@ -161,8 +182,8 @@ class _Boot(Generic[C]):
         self._save()  # the marker armed again: a crash during the rest of the trial rolls back
         subject = describe(trial.name, trial.hash)
         reason = (
-            f"the agent stopped cleanly during the trial of {subject}: "
-            f"resumed, {remaining:.0f}s left"
+            f"the agent stopped cleanly during the trial of {subject} (recorded in "
+            f"{self.read_from}): resumed, {remaining:.0f}s left"
         )
         condition = Condition(
             True,
@@ -269,4 +290,5 @@ class _Boot(Generic[C]):
 
     def _save(self) -> None:
         show(LKG_INFO, self.state.lkg)
-        persisted.save(self.store, self.state)
+        saved = persisted.save(self.store, self.state, self.runtime)
+        self.behind = saved is not Saved.CHECKPOINT

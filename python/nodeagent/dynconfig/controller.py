@@ -24,6 +24,7 @@ import msgspec
 import trio
 
 from nodeagent.checkpoint import CheckpointStore
+from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig import state as persisted
 from nodeagent.dynconfig.boot import BootResult
@@ -34,18 +35,28 @@ from nodeagent.dynconfig.metrics import (
     LKG_INFO,
     REJECTED,
     ROLLBACKS,
+    TRIALS_DEFERRED,
     VETOES,
     set_info,
     show,
 )
 from nodeagent.dynconfig.settings import DynconfigSettings
-from nodeagent.dynconfig.state import LOCAL, LOCAL_HASH, Assignment, BadKind, Known, Trial
+from nodeagent.dynconfig.state import (
+    LOCAL,
+    LOCAL_HASH,
+    Assignment,
+    BadKind,
+    Known,
+    Saved,
+    Trial,
+)
 from nodeagent.dynconfig.status import (
     EVENT,
     VERB,
     Condition,
     ConfigEvent,
     config_view,
+    deferred_condition,
     describe,
     describe_file,
     describe_known,
@@ -59,6 +70,9 @@ __all__ = ["Controller", "HubLike"]
 log = get_logger(__name__)
 
 C = TypeVar("C")
+# Seconds between two tries at most of a checkpoint write that failed (a read-only or full state
+# directory: each try costs a failed open and a log line); the first waits health_interval.
+RETRY_MAX = 60.0
 C_contra = TypeVar("C_contra", contravariant=True)
 
 
@@ -91,9 +105,24 @@ class Controller(Generic[C]):
         wall: Callable[[], float] = time.time,
         file_hash: str = "",
         on_file_rollback: Callable[[str], None] = lambda message: None,
+        runtime: CheckpointStore | None = None,
     ) -> None:
+        """`runtime`: the runtime directory's store, where the state goes while the checkpoint
+        cannot be written (dynconfig.state; None: nowhere)."""
         self.settings = settings
         self.store = store
+        self.runtime = runtime
+        # The checkpoint holds an older state than this one (its last write failed): written
+        # again by run_trials, with a bounded backoff, until it succeeds (issue 29: a stale
+        # `checkpoint dynconfig_state not written` stayed until the next config change).
+        self._behind = booted.behind
+        # The assignment whose trial could not be recorded (its marker not written to the
+        # checkpoint): not applied, tried again with the checkpoint's write.
+        self._deferred: Assignment | None = None
+        self._deferral = ""
+        initial = min(settings.health_interval, RETRY_MAX)
+        self._retry = Backoff(initial, RETRY_MAX)
+        self._retry_at: float | None = None  # trio time
         self.build = build
         self.hasher = hasher
         self.hub = hub
@@ -159,9 +188,12 @@ class Controller(Generic[C]):
         """The watch selected `target` (None: no object targets this node: the local config)."""
         self._kept = None
         if target is None:
+            self._deferred = None
             self._assign_local()
             return
         target = msgspec.structs.replace(target, hash=self.hasher(target.config))
+        if target != self._deferred:
+            self._deferred = None
         if target == self.state.assigned:
             # A re-list or an unrelated change of the object: no checkpoint write per watch
             # event, only the grace's refresh.
@@ -189,6 +221,7 @@ class Controller(Generic[C]):
     def keep(self, reason: str) -> None:
         """The watch could not select (a tie): the running config is kept and the reason shown."""
         self._kept = ("NoUniqueTarget", reason)
+        self._deferred = None  # the watch cannot say it is still the target
         self._refresh_condition()
 
     def unreadable(self, name: str, reason: str) -> None:
@@ -200,6 +233,7 @@ class Controller(Generic[C]):
             "TargetUnreadable",
             f"NodeAgentConfig {name}, this node's target, cannot be read ({reason})",
         )
+        self._deferred = None
         self._refresh_condition()
 
     def confirm(self) -> None:
@@ -268,27 +302,39 @@ class Controller(Generic[C]):
             REJECTED.inc()
             self._reject(target, BadKind.INVALID, str(exc))
             return
-        result = self.hub.propose(config, f"NodeAgentConfig/{target.name}")
-        if not result.applied:
-            VETOES.inc()
-            vetoes = "; ".join(f"{who}: {why}" for who, why in result.vetoes) or "not applied"
-            self._reject(target, BadKind.VETO, vetoes)
-            return
+        before = (self.state.lkg, self.state.lkg_at, self.state.trial)
         if self.state.lkg is None:
             # The config running before the first remote one is what a rollback goes back to.
             self.state.lkg = Known(
                 hash=self.active.hash, name=self.active.name, config=self.active.config
             )
             self.state.lkg_at = self.wall()
-        self._set_active(Known(hash=target.hash, name=target.name, config=target.config))
         running = self.state.trial
-        self.state.trial = Trial(
+        trial = Trial(
             hash=target.hash,
             name=target.name,
             started_at=self.wall(),
             file_hash=running.file_hash if running is not None else "",
-            changed=_changed(running, result.changed),
         )
+        self.state.trial = trial
+        # The marker in the checkpoint before the config runs (issue 29 item 3): a config that
+        # crashes the agent must be found on trial at the next start, or the node crash-loops
+        # on it. Not written (a read-only or full state directory): not applied, deferred.
+        # The runtime directory's copy is not enough: a reboot clears it.
+        if persisted.save(self.store, self.state) is not Saved.CHECKPOINT:
+            self.state.lkg, self.state.lkg_at, self.state.trial = before
+            self._defer(target)
+            return
+        result = self.hub.propose(config, f"NodeAgentConfig/{target.name}")
+        if not result.applied:
+            self.state.lkg, self.state.lkg_at, self.state.trial = before
+            VETOES.inc()
+            vetoes = "; ".join(f"{who}: {why}" for who, why in result.vetoes) or "not applied"
+            self._reject(target, BadKind.VETO, vetoes)  # written: the marker is gone
+            return
+        self._deferred = None
+        self._set_active(Known(hash=target.hash, name=target.name, config=target.config))
+        self.state.trial = msgspec.structs.replace(trial, changed=_changed(running, result.changed))
         self.trial_deadline = trio.current_time() + self.settings.trial_duration
         self.health.start(reports, self.state.trial.changed)
         self._save()
@@ -302,7 +348,24 @@ class Controller(Generic[C]):
         )
         self._refresh_condition()
 
+    def _defer(self, target: Assignment) -> None:
+        self._deferral = self.store.problem or "the checkpoint was not written"
+        if target != self._deferred:  # said once per assignment, not per retry
+            TRIALS_DEFERRED.inc()
+            condition = deferred_condition(target, self.active, self._deferral)
+            log.warning(
+                "dynconfig trial deferred: its marker cannot be written",
+                name=target.name,
+                hash=target.hash,
+                problem=self._deferral,
+            )
+            self.on_event(ConfigEvent("Warning", "ConfigTrialDeferred", condition.message))
+        self._deferred = target
+        self._refresh_condition()
+        self._pulse()  # run_trials schedules the retry
+
     def _reject(self, target: Assignment, kind: BadKind, reason: str) -> None:
+        self._deferred = None
         self.state.mark_bad(target.hash, target.object_key, target.name, kind, reason, self.wall())
         self._save()
         message = (
@@ -470,16 +533,39 @@ class Controller(Generic[C]):
                     self.trial_deadline = trio.current_time() + self._resume_for
                     self.health.start(reports(), self.state.trial.changed)
                 self._resume_for = None
-            if self.trial_deadline is None:
+            now = trio.current_time()
+            if self._retry_at is not None and now >= self._retry_at:
+                self._retry_at = None
+                self._write_again(reports())
+            if self.trial_deadline is not None:
+                unhealthy = self.health.observe(reports(), now, watchdog_age())
+                self.tick(unhealthy)
+            wakes = [self._next_retry(now)]
+            if self.trial_deadline is not None:
+                wakes += [now + self.settings.health_interval, self.trial_deadline]
+            wake = min((w for w in wakes if w is not None), default=None)
+            if wake is None:
                 await self.changed.wait()
                 continue
-            now = trio.current_time()
-            unhealthy = self.health.observe(reports(), now, watchdog_age())
-            self.tick(unhealthy)
-            if self.trial_deadline is not None:
-                wake = min(now + self.settings.health_interval, self.trial_deadline)
-                with trio.move_on_at(wake):
-                    await self.changed.wait()
+            with trio.move_on_at(wake):
+                await self.changed.wait()
+
+    def _next_retry(self, now: float) -> float | None:
+        """When the checkpoint's write is tried again (None: nothing to write)."""
+        if not self._behind and self._deferred is None:
+            self._retry.reset()
+            self._retry_at = None
+        elif self._retry_at is None:
+            self._retry_at = now + self._retry.next()
+        return self._retry_at
+
+    def _write_again(self, reports: Sequence[ComponentHealth]) -> None:
+        deferred, self._deferred = self._deferred, None
+        if deferred is not None and deferred == self.state.assigned and self._kept is None:
+            self._deferred = deferred  # kept while it is tried: deferred again, said once
+            self._apply(deferred, reports)  # the marker written now: its trial starts
+        elif self._behind:
+            self._save()
 
     # -- bookkeeping --
 
@@ -493,7 +579,8 @@ class Controller(Generic[C]):
 
     def _save(self) -> None:
         show(LKG_INFO, self.state.lkg)
-        persisted.save(self.store, self.state)
+        saved = persisted.save(self.store, self.state, self.runtime)
+        self._behind = saved is not Saved.CHECKPOINT
         self._pulse()
 
     def _pulse(self) -> None:
@@ -501,6 +588,10 @@ class Controller(Generic[C]):
         self.changed = trio.Event()
 
     def _refresh_condition(self) -> None:
+        if self._kept is None and self._deferred is not None:
+            deferred = deferred_condition(self._deferred, self.active, self._deferral)
+            self._set_condition(deferred)
+            return
         self._set_condition(resting_condition(self.state, self.active, self._kept))
 
     def _set_condition(self, condition: Condition) -> None:

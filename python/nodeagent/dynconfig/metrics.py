@@ -40,6 +40,11 @@ NOT_BLAMED = Counter(
     "(the component reads no setting it changed): reported, not rolled back, once per trial.",
     ["component"],
 )
+TRIALS_DEFERRED = Counter(
+    "nodeagent_config_trials_deferred_total",
+    "Remote configs not applied because their trial could not be recorded (the trial marker not "
+    "written: a read-only or full state directory); each is tried again until it can.",
+)
 REJECTED = Counter(
     "nodeagent_config_rejected_total",
     "Remote configs refused by the agent's validation (static or unknown field, bad value).",

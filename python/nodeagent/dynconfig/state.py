@@ -1,6 +1,15 @@
 """What dynamic configuration keeps across restarts: the assignment, last-known-good, the bad
 configs and the trial marker. Its schema is the checkpoint's (format 1, JSON): a change here is a
-change of what an upgraded agent reads at start."""
+change of what an upgraded agent reads at start.
+
+Where it is kept (issue 29, a read-only or full state directory): in the checkpoint of the state
+directory; while that cannot be written, in a copy in the runtime directory (`agent.runtime_dir`,
+systemd's ``RuntimeDirectory``), which exists only while the checkpoint is behind (a write of the
+checkpoint removes it) and is read first at a start. A trial marker written there but not in the
+checkpoint could be lost with the runtime directory (a reboot) and a crash-inducing config then
+not be blamed: a trial starts only once the checkpoint itself records it (the controller defers
+it otherwise); the copy carries what happens after (a clean stop's time left, a promotion, a
+rollback), so that a clean stop with the state directory read-only is not taken for a crash."""
 
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ __all__ = [
     "Bad",
     "BadKind",
     "Known",
+    "Saved",
     "State",
     "Trial",
     "bad_file",
@@ -142,6 +152,30 @@ def bad_file(hash_: str, kind: BadKind, reason: str, at: float) -> Bad:
     return Bad(hash=hash_, object_key="file", name="file", kind=kind, reason=reason, at=at)
 
 
+class Saved(enum.Enum):
+    """Where `save` put the state."""
+
+    CHECKPOINT = "checkpoint"  # the state directory's checkpoint (the runtime copy removed)
+    RUNTIME = "runtime"  # only the runtime directory's copy: the checkpoint is behind
+    NOTHING = "nothing"  # neither: a restart would see an older state
+
+
+def load_runtime(runtime: CheckpointStore) -> State | None:
+    """The runtime directory's copy of the state (None: none, or not usable), newer than the
+    checkpoint whenever it exists."""
+    loaded = load(runtime)
+    if isinstance(loaded, State):
+        log.warning(
+            "dynconfig state read from the runtime directory: the state directory was not "
+            "writable when it was last saved",
+            path=str(runtime.directory),
+        )
+        return loaded
+    if loaded != "no checkpoint":
+        log.warning("dynconfig state in the runtime directory not used", reason=loaded)
+    return None
+
+
 def load(store: CheckpointStore) -> State | str:
     """The checkpointed state, or why there is none to start from."""
     try:
@@ -165,10 +199,27 @@ def load(store: CheckpointStore) -> State | str:
     return state
 
 
-def save(store: CheckpointStore, state: State) -> None:
+def save(store: CheckpointStore, state: State, runtime: CheckpointStore | None = None) -> Saved:
+    """Write `state` to the checkpoint; if that fails (EROFS, ENOSPC, EIO: any OSError alike),
+    to the runtime directory's copy (`runtime`; None: none configured)."""
+    data = msgspec.json.encode(state)
     try:
-        store.write(CHECKPOINT_NAME, msgspec.json.encode(state))
+        store.write(CHECKPOINT_NAME, data)
     except OSError as exc:
-        # The store logged and counted it; the running state stays right, only a restart
-        # would see the older checkpoint.
+        # The store logged and counted it (its `problem` says it until a write succeeds).
         log.warning("dynconfig checkpoint not written", error=str(exc))
+    else:
+        if runtime is not None:
+            try:
+                runtime.remove(CHECKPOINT_NAME)  # the checkpoint is current again
+            except OSError as exc:
+                log.warning("dynconfig runtime copy not removed", error=str(exc))
+        return Saved.CHECKPOINT
+    if runtime is None:
+        return Saved.NOTHING
+    try:
+        runtime.write(CHECKPOINT_NAME, data)
+    except OSError as exc:
+        log.warning("dynconfig state not written to the runtime directory", error=str(exc))
+        return Saved.NOTHING
+    return Saved.RUNTIME

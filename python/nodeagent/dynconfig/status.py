@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodeagent.dynconfig.state import LOCAL_HASH, Bad, BadKind, Known, State, Trial
+from nodeagent.dynconfig.state import LOCAL_HASH, Assignment, Bad, BadKind, Known, State, Trial
 
 __all__ = [
     "CONDITION_TYPE",
@@ -18,6 +18,7 @@ __all__ = [
     "bad_condition",
     "condition_patch",
     "config_view",
+    "deferred_condition",
     "describe",
     "describe_file",
     "describe_trial",
@@ -108,6 +109,18 @@ def bad_condition(bad: Bad, active: Known) -> Condition:
     else:
         text = f"{subject} rolled back: {bad.reason}; running {running}"
     return Condition(False, REASON[bad.kind], text)
+
+
+def deferred_condition(target: Assignment, active: Known, problem: str) -> Condition:
+    """The condition while `target`'s trial cannot be recorded (its marker not written to the
+    checkpoint: a read-only or full state directory): not applied, tried again."""
+    return Condition(
+        False,
+        "TrialDeferred",
+        f"{describe(target.name, target.hash)} not applied yet: its trial cannot be recorded "
+        f"({problem}); keeping {describe_known(active)}; tried again until the state directory "
+        "is writable",
+    )
 
 
 def resting_condition(state: State, active: Known, kept: tuple[str, str] | None) -> Condition:

@@ -138,7 +138,17 @@ class Agent:
                 node=config.agent.node_name,
                 read_only=config.agent.dry_run,
             )
-            booted = boot(config.dynconfig, store, self.builder)
+            # Where the state goes while the checkpoint cannot be written (dynconfig.state).
+            runtime = (
+                CheckpointStore(
+                    Path(config.agent.runtime_dir),
+                    node=config.agent.node_name,
+                    read_only=config.agent.dry_run,
+                )
+                if config.agent.runtime_dir
+                else None
+            )
+            booted = boot(config.dynconfig, store, self.builder, runtime=runtime)
             self.hub = ConfigHub(booted.config)
             self.controller = Controller(
                 config.dynconfig,
@@ -150,6 +160,7 @@ class Agent:
                 on_event=self.dynconfig_events,
                 file_hash=self.builder.file_hash,
                 on_file_rollback=lambda message: self._reloaded("rolled_back", message),
+                runtime=runtime,
             )
         self.dynconfig_component: DynconfigComponent | None = None
         self.hub.agent.subscribe(on_applied=_apply_log_level, name="log")
@@ -499,6 +510,7 @@ class Agent:
         mount: a leftover not removed, a write not made); the agent runs on, on what it read."""
         stores = [
             self.controller.store if self.controller is not None else None,
+            self.controller.runtime if self.controller is not None else None,
             self.reporter_component.checkpoints if self.reporter_component is not None else None,
         ]
         return sorted({s.problem for s in stores if s is not None and s.problem is not None})

@@ -55,7 +55,11 @@ def _resolve(config: Config, raw: Mapping[str, Any], environment: Environment) -
     # A relative state_dir is refused by AgentSettings.validate (it would depend on the working
     # directory the agent happened to start in).
     state_dir = agent.state_dir or default_state_dir(environment)
-    agent = msgspec.structs.replace(agent, node_name=node_name, state_dir=state_dir)
+    # systemd lists its RuntimeDirectory= entries colon-separated: the first is ours.
+    runtime_dir = agent.runtime_dir or environment.env.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    agent = msgspec.structs.replace(
+        agent, node_name=node_name, state_dir=state_dir, runtime_dir=runtime_dir
+    )
 
     plugins = config.plugins
     raw_plugins = raw.get("plugins")

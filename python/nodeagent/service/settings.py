@@ -28,6 +28,10 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     node_name: str = ""
     # "" = /var/lib/nodeagent as root, else $XDG_STATE_HOME/nodeagent or ~/.local/state/nodeagent.
     state_dir: str = ""
+    # Where dynamic configuration keeps its state while <state_dir>/checkpoints cannot be written
+    # (read-only, full): a directory that lives until a reboot, like /run/nodeagent.
+    # "" = $RUNTIME_DIRECTORY (systemd's RuntimeDirectory=), else none.
+    runtime_dir: str = ""
     log_level: LogLevel = "info"
     log_format: LogFormat = "text"
     shutdown_timeout: float = 10.0
@@ -57,6 +61,8 @@ class AgentSettings(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             )
         if not self.state_dir.startswith("/"):
             raise ConfigError("agent.state_dir", self.state_dir, "must be an absolute path")
+        if self.runtime_dir and not self.runtime_dir.startswith("/"):
+            raise ConfigError("agent.runtime_dir", self.runtime_dir, "must be an absolute path")
         _positive("agent.shutdown_timeout", self.shutdown_timeout, maximum=600)
         # The main loop's tick: faster than 100 Hz is a busy loop, not a heartbeat.
         _positive("agent.heartbeat_interval", self.heartbeat_interval, minimum=0.01, maximum=60)

@@ -3,8 +3,10 @@
 disk) through any interleaving of node label changes, NodeAgentConfig objects created, edited,
 made undecodable and deleted, relists of either query starting and ending (changes to a
 relisting query arrive when its relist ends), trials judged unhealthy or surviving, clean
-restarts (SIGTERM), crash restarts (kill -9) and the checkpoint grace running out while the
-agent is down, and compares it after every step with a small reference model of what the
+restarts (SIGTERM), crash restarts (kill -9), the checkpoint grace running out while the
+agent is down and the checkpoint directory turning read-only and writable again (its writes
+fail, as on a read-only or full disk: the state goes to the runtime directory, a new trial is
+deferred), and compares it after every step with a small reference model of what the
 docs promise (docs/architecture/dynamic-config.md).
 
 The component runs in a Trio loop of its own thread, on a mock clock that only moves when a rule
@@ -14,11 +16,13 @@ coalescing and rechecks happen); the wall clock of the checkpoint grace is a set
 Invariants: the running config is the one the model chooses; last-known-good is only a config
 that ran to the end of a trial (or the local one); the trial is the model's, and never has its
 own config as last-known-good; the condition's reason is the model's once no relist is under way,
-and the one written to the Node is the controller's; bad configs are the model's.
+and the one written to the Node is the controller's; bad configs are the model's; what a restart
+would read (the runtime copy, else the checkpoint) is the controller's state.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import queue
@@ -37,17 +41,19 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.checkpoint import CheckpointStore
+from nodeagent.checkpoint import store as store_module
 from nodeagent.dynconfig.boot import boot
 from nodeagent.dynconfig.component import DynconfigComponent, EventBuffer
-from nodeagent.dynconfig.controller import Controller
+from nodeagent.dynconfig.controller import RETRY_MAX, Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
-from nodeagent.dynconfig.state import LOCAL_HASH
+from nodeagent.dynconfig.state import LOCAL_HASH, State, load, load_runtime
 from nodeagent.kube import EventRecorder
 from nodeagent.kube.watch import WatchSink
 from tests.support.fake_dynconfig import FakeHub, Report, Wall, build, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.unit.accumulator.helpers import page
 from tests.unit.dynconfig.test_component import NODE, Client
+from tests.unit.dynconfig.test_read_only_state import Disk
 
 T = TypeVar("T")
 
@@ -124,6 +130,8 @@ class Model:
     condition: str = "Local"
     kept: str | None = None  # a selection that could not choose: its condition reason
     expired: bool = False  # the grace ran out since the apiserver last confirmed
+    read_only: bool = False  # the checkpoint directory's writes fail
+    deferred: Obj | None = None  # a config whose trial could not be recorded
 
 
 class Loop:
@@ -170,14 +178,21 @@ class Agent:
     """One agent process: a controller booted from the checkpoint and its component."""
 
     def __init__(
-        self, loop: Loop, directory: Path, wall: Wall, ready: list[bool], answering: list[bool]
+        self,
+        loop: Loop,
+        directory: Path,
+        runtime_dir: Path,
+        wall: Wall,
+        ready: list[bool],
+        answering: list[bool],
     ) -> None:
         self.client = Client()
-        store = CheckpointStore(directory)
-        booted = boot(SETTINGS, store, build, wall=wall)
+        self.store = CheckpointStore(directory)
+        self.runtime = CheckpointStore(runtime_dir)
+        booted = boot(SETTINGS, self.store, build, wall=wall, runtime=self.runtime)
         self.hub = FakeHub(booted.config)
         self.controller: Controller[dict[str, Any]] = Controller(
-            SETTINGS, store, build, hasher, self.hub, booted, wall=wall
+            SETTINGS, self.store, build, hasher, self.hub, booted, wall=wall, runtime=self.runtime
         )
         self.component = DynconfigComponent(
             node_name=NODE,
@@ -214,6 +229,11 @@ class DynconfigModel(RuleBasedStateMachine):
         super().__init__()
         self._tmp = TemporaryDirectory(prefix="dynconfig-model-")
         self.directory = Path(self._tmp.name) / "checkpoints"
+        self.runtime_dir = Path(self._tmp.name) / "run"
+        # The checkpoint directory's writes fail while it is "read-only" (root ignores
+        # permission bits): the store's write, patched for this directory only.
+        self.disk = Disk()
+        store_module._write_atomically = self.disk.write
         self.loop = Loop()
         self.wall = Wall()
         self.ready = [True]
@@ -232,13 +252,16 @@ class DynconfigModel(RuleBasedStateMachine):
         try:
             self.loop.run(self.agent.stop)
         finally:
+            store_module._write_atomically = self.disk._write
             self.loop.close()
             self._tmp.cleanup()
 
     # -- the world -------------------------------------------------------------------------
 
     def _start(self) -> Agent:
-        agent = Agent(self.loop, self.directory, self.wall, self.ready, self.answering)
+        agent = Agent(
+            self.loop, self.directory, self.runtime_dir, self.wall, self.ready, self.answering
+        )
         self.agent = agent
         self.relisting.clear()
 
@@ -309,6 +332,7 @@ class DynconfigModel(RuleBasedStateMachine):
 
     def _select(self) -> None:
         m = self.model
+        m.deferred = None
         outcome, obj = self._target()
         if outcome == "tie":
             m.kept = m.condition = "NoUniqueTarget"
@@ -337,6 +361,15 @@ class DynconfigModel(RuleBasedStateMachine):
             self._mark_bad(obj.hash, obj.key, "ConfigInvalid")
             m.condition = "ConfigInvalid"
             return
+        if m.read_only:
+            # Its trial marker cannot be written: not applied (a crash on it would not be
+            # blamed at the next start), tried again once the checkpoint can be written.
+            m.deferred, m.condition = obj, "TrialDeferred"
+            return
+        self._start_trial(obj)
+
+    def _start_trial(self, obj: Obj) -> None:
+        m = self.model
         if m.lkg is None:
             m.lkg = m.active
         m.active, m.trial, m.trial_restarts = obj.hash, obj.hash, 0
@@ -349,6 +382,8 @@ class DynconfigModel(RuleBasedStateMachine):
         m = self.model
         if m.kept is not None:
             return m.kept
+        if m.deferred is not None:
+            return "TrialDeferred"
         a = m.assigned
         if a is not None and a.hash != m.active and m.bad.get(a.hash) == a.key:
             return m.bad_reason[a.hash]
@@ -509,6 +544,29 @@ class DynconfigModel(RuleBasedStateMachine):
         self._boot(crashed=True)
         self._start()
 
+    @precondition(lambda self: not self.model.read_only)
+    @rule(full=st.booleans())
+    def state_read_only(self, full: bool) -> None:
+        """The checkpoint directory turns read-only (EROFS) or full (ENOSPC)."""
+        self.disk.broken[self.directory] = errno.ENOSPC if full else errno.EROFS
+        self.model.read_only = True
+
+    @precondition(lambda self: self.model.read_only)
+    @rule()
+    def state_writable(self) -> None:
+        """Writable again: within the longest retry, the state is written to the checkpoint
+        (the runtime copy removed, the store's problem gone) and a deferred trial starts."""
+        self.disk.broken.clear()
+        self.model.read_only = False
+        self.loop.clock.jump(RETRY_MAX + 1)
+        self._settle()
+        m = self.model
+        if m.deferred is not None:
+            self._start_trial(m.deferred)
+            m.deferred = None
+        assert not self.agent.runtime.path("dynconfig_state").exists()
+        assert self.agent.store.problem is None
+
     @rule()
     def grace_elapses(self) -> None:
         """The agent is down longer than the checkpoint grace (the next start sees it)."""
@@ -543,6 +601,18 @@ class DynconfigModel(RuleBasedStateMachine):
     def bad_configs_are_the_models(self) -> None:
         c, m = self.agent.controller, self.model
         assert {b.hash: b.object_key for b in c.state.bad} == m.bad
+
+    @invariant()
+    def a_restart_would_read_the_controllers_state(self) -> None:
+        """What the next start reads (the runtime copy while the checkpoint is behind, else the
+        checkpoint) is the state the controller runs on: a clean stop, a promotion, a
+        rollback while the directory is read-only are not lost."""
+        kept = load_runtime(self.agent.runtime)
+        stored = kept if kept is not None else load(self.agent.store)
+        if isinstance(stored, str):
+            assert stored == "no checkpoint" and self.agent.controller.state == State()
+            return
+        assert stored == self.agent.controller.state, (stored, self.agent.controller.state)
 
     @precondition(lambda self: not self.relisting)
     @invariant()
