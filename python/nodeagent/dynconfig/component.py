@@ -25,7 +25,7 @@ from nodeagent.dynconfig.health import ComponentHealth
 from nodeagent.dynconfig.source import GROUP, KIND, VERSION, decode_object, select_target
 from nodeagent.dynconfig.state import Assignment
 from nodeagent.dynconfig.status import ConfigEvent
-from nodeagent.kube import EventRecorder, KubeClient, KubeError, NotFound
+from nodeagent.kube import EventRecorder, KubeClient, lookup_kind
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
@@ -196,16 +196,11 @@ class DynconfigComponent:
                 self.controller.confirm()
 
     async def _crd_served(self) -> bool:
-        try:
-            await self._client.discover(API_VERSION, KIND)
-            return True
-        except NotFound as exc:
-            self.crd_missing = str(exc)
-            return False
-        except KubeError as exc:
-            self.crd_missing = f"discovery failed: {exc}"
-            log.warning("discovering the NodeAgentConfig kind failed: retrying", error=str(exc))
-            return False
+        found = await lookup_kind(self._client, API_VERSION, KIND)
+        self.crd_missing = found.missing
+        if found.error is not None:
+            self.crd_missing = f"discovery failed: {found.error}"
+        return found.served
 
     def _known(self) -> bool:
         # A Forbidden or failed list shows as empty: taking it for "no object targets this

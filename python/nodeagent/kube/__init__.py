@@ -18,6 +18,7 @@ from nodeagent.kube.errors import (
 )
 from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink
 from nodeagent.kube.kubeconfig import ClusterConfig, in_cluster_config, load_kubeconfig
+from nodeagent.kube.lookup import KindLookup, lookup_kind
 from nodeagent.kube.resource import (
     CONFIGMAPS,
     CORE_EVENTS,
@@ -63,6 +64,7 @@ __all__ = [
     "Forbidden",
     "GapSink",
     "Invalid",
+    "KindLookup",
     "KubeClient",
     "KubeError",
     "KubeSettings",
@@ -79,6 +81,7 @@ __all__ = [
     "in_cluster_config",
     "load_client",
     "load_kubeconfig",
+    "lookup_kind",
     "not_dry_run_view",
     "run_watch",
 ]

@@ -25,7 +25,7 @@ from nodeagent.core.component import Readiness
 from nodeagent.core.health import Lapses, describe, overdue
 from nodeagent.core.latest import LatestValue
 from nodeagent.core.plugindata import PluginData
-from nodeagent.kube import EventRecorder, KubeClient, KubeError, NotFound
+from nodeagent.kube import EventRecorder, KubeClient, lookup_kind
 from nodeagent.log import get_logger
 from nodeagent.reporter.cnr import CnrWriter, cnr_query
 from nodeagent.reporter.merge import CNR_API_VERSION, CNR_KIND
@@ -160,19 +160,13 @@ class ReporterComponent:
         """Whether the apiserver serves the CNR kind (False also when discovery fails)."""
         self.looking_up = True
         try:
-            await client.discover(CNR_API_VERSION, CNR_KIND)
-            self.discovery_error, self._answered = None, True
-            return True
-        except NotFound as exc:
-            self.crd_missing, self.discovery_error, self._answered = str(exc), None, True
-            return False
-        except KubeError as exc:
-            self.crd_missing = None
-            self.discovery_error = str(exc)
-            log.warning("discovering the CNR kind failed: retrying", error=str(exc))
-            return False
+            found = await lookup_kind(client, CNR_API_VERSION, CNR_KIND)
         finally:
             self.looking_up = False
+        self.crd_missing, self.discovery_error = found.missing, found.error
+        # Served or not, the apiserver answered (a failed discovery keeps what was known).
+        self._answered = self._answered or found.error is None
+        return found.served
 
     def readiness(self) -> Readiness:
         writer, acc = self.writer, self.accumulator
