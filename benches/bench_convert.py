@@ -10,6 +10,11 @@ taints, counters), 1,024 devices.
 
 Target (issue 24 s1): ours at least 10x faster than the Python reference.
 
+Then the desired slices of each converted inventory (what the publisher plans with, once per
+inventory): `model.desired_specs`, one Rust call writing every pool's spec bytes, against the
+Python canonicalisation and split it replaced (tests/support/dra_reference/desired.py, then
+`msgspec.json.encode` of each spec), side by side.
+
 Run: .venv/bin/python -m pytest benches/bench_convert.py --benchmark-only
 """
 
@@ -19,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 from benches.report import print_uncaptured
@@ -26,7 +32,9 @@ from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 from nodeagent.resources.inventory import InventoryTracker
+from nodeagent.resources.model import Inventory, desired_specs
 from tests.support.dra_reference import convert as ref_convert
+from tests.support.dra_reference import desired as ref_desired
 from tests.support.dra_reference import validation as ref_validation
 
 DEVICES = 1024
@@ -170,18 +178,34 @@ def _report(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 def print_results(write: Callable[[str], None]) -> None:
-    write("")
-    write(f"convert + validate, {DEVICES} devices (best of the rounds; wall, then CPU)")
-    for name in MESSAGES:
-        o, r = RESULTS.get(f"ours-{name}"), RESULTS.get(f"python-{name}")
-        oc, rc = CPU.get(f"ours-{name}"), CPU.get(f"python-{name}")
-        if o is None or r is None or oc is None or rc is None:
-            continue
-        write(
-            f"  {name:<12}: rust {o * 1e3:6.2f} ms  python reference {r * 1e3:7.2f} ms  "
-            f"ratio {r / o:5.1f}x | CPU {oc * 1e3:6.2f} / {rc * 1e3:7.2f} ms  "
-            f"ratio {rc / oc:5.1f}x (target >= 10x)"
-        )
+    for what, prefix, target in [
+        ("convert + validate", "", " (target >= 10x)"),
+        ("desired slices", "desired-", ""),
+    ]:
+        write("")
+        write(f"{what}, {DEVICES} devices (best of the rounds; wall, then CPU)")
+        for name in MESSAGES:
+            o, r = RESULTS.get(f"{prefix}ours-{name}"), RESULTS.get(f"{prefix}python-{name}")
+            oc, rc = CPU.get(f"{prefix}ours-{name}"), CPU.get(f"{prefix}python-{name}")
+            if o is None or r is None or oc is None or rc is None:
+                continue
+            write(
+                f"  {name:<12}: rust {o * 1e3:6.2f} ms  python reference {r * 1e3:7.2f} ms  "
+                f"ratio {r / o:5.1f}x | CPU {oc * 1e3:6.2f} / {rc * 1e3:7.2f} ms  "
+                f"ratio {rc / oc:5.1f}x{target}"
+            )
+
+
+def _timed(benchmark: Any, key: str, fn: Callable[[], object], rounds: int) -> None:
+    fn()  # the first call's imports are not timed
+
+    def timed() -> None:
+        t = time.thread_time()
+        fn()
+        CPU[key] = min(CPU.get(key, float("inf")), time.thread_time() - t)
+
+    benchmark.pedantic(timed, rounds=rounds, iterations=1)
+    RESULTS[key] = benchmark.stats.stats.min
 
 
 @pytest.mark.parametrize("impl", ["ours", "python"])
@@ -190,13 +214,26 @@ def test_convert(benchmark: Any, name: str, impl: str) -> None:
     benchmark.group = f"convert {name}"
     message = MESSAGES[name]()
     fn = ours if impl == "ours" else reference
-    fn(message)  # the result is valid, and the first call's imports are not timed
-    key = f"{impl}-{name}"
+    _timed(benchmark, f"{impl}-{name}", lambda: fn(message), 15 if impl == "ours" else 5)
 
-    def timed() -> None:
-        t = time.thread_time()
-        fn(message)
-        CPU[key] = min(CPU.get(key, float("inf")), time.thread_time() - t)
 
-    benchmark.pedantic(timed, rounds=15 if impl == "ours" else 5, iterations=1)
-    RESULTS[key] = benchmark.stats.stats.min
+def desired_reference(inventory: Inventory) -> list[list[bytes]]:
+    """What the publisher ran before: the Python canonicalisation and split, then an encode of
+    each spec."""
+    return [
+        [msgspec.json.encode(s) for s in ref_desired.desired_slices(inventory.driver, p, NODE)]
+        for p in inventory.pools
+    ]
+
+
+@pytest.mark.parametrize("impl", ["ours", "python"])
+@pytest.mark.parametrize("name", list(MESSAGES))
+def test_desired_slices(benchmark: Any, name: str, impl: str) -> None:
+    benchmark.group = f"desired slices {name}"
+    inventory = InventoryTracker(NODE).convert(DRIVER, MESSAGES[name]()).inventory
+    assert inventory is not None
+    assert desired_specs(inventory, NODE) == desired_reference(inventory)
+    if impl == "ours":
+        _timed(benchmark, f"desired-ours-{name}", lambda: desired_specs(inventory, NODE), 15)
+    else:
+        _timed(benchmark, f"desired-python-{name}", lambda: desired_reference(inventory), 5)

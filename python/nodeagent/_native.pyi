@@ -19,6 +19,7 @@ __all__ = [
     "WatchError",
     "WatchFeed",
     "__version__",
+    "desired_slices",
     "inventory_errors",
     "inventory_native",
     "inventory_seed",
@@ -234,6 +235,11 @@ def inventory_seed(
 
 def inventory_errors(inventory: bytes, max_string: int) -> list[str]:
     """The broken v1 rules of `msgspec.json.encode(inventory)`. Releases the GIL."""
+
+def desired_slices(inventory: bytes, node_name: str) -> list[list[bytes]]:
+    """Per pool of a validated inventory (`msgspec.json.encode(inventory)`), its desired slice
+    specs as JSON (what `msgspec.json.encode(ResourceSliceSpec)` writes), every quantity in
+    canonical form; ValueError naming a quantity that does not parse. Releases the GIL."""
 
 def native_message_error(message: bytes) -> str | None:
     """The first shape rule a native `Inventory` message's wire bytes break. Releases the GIL."""

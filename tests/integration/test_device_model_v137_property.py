@@ -1,4 +1,4 @@
-"""The rules of the newer device fields (`resources.device_fields`) against the real
+"""The rules of the newer device fields (rust/src/inventory/rules.rs) against the real
 kube-apiserver's answers: hypothesis generates devices near every rule of consumable capacity
 (request-policy defaults, valid values, ranges with integer and fractional bounds), binding
 conditions, node-allocatable resources and compatibility groups, and pools with a partition type
@@ -11,14 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import msgspec
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from nodeagent.resources import device_fields, model
+from nodeagent.resources import model
 from nodeagent.resources.model import (
     CapacityRequestPolicy,
     CapacityRequestPolicyRange,
@@ -36,6 +35,7 @@ from nodeagent.resources.model import (
     Pool,
 )
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
+from tests.support.dra_reference import desired as reference
 from tests.support.quantity import parse_quantity
 
 pytestmark = [pytest.mark.integration, pytest.mark.releases]
@@ -264,11 +264,7 @@ def agent_verdict(pool: Pool) -> str:
 def server_verdict(server: ApiServer, pool: Pool) -> str:
     # Sent as the plugin gave it: an invalid inventory is never canonicalised (an empty policy
     # is then sent as {} too, as upstream would see it).
-    with (
-        mock.patch.object(model, "canonical_capacity", lambda c: c),
-        mock.patch.object(model, "canonical_node_allocatable", lambda r: r),
-    ):
-        specs = model.desired_slices(DRIVER, pool, NODE)
+    specs = reference.desired_slices(DRIVER, pool, NODE, canonical=False)
     refusals = []
     for spec in specs:
         body = msgspec.to_builtins(spec)
@@ -295,9 +291,3 @@ def test_the_agent_and_the_apiserver_agree(server: ApiServer, pool: Pool) -> Non
     assert bool(agent) == bool(apiserver), (
         f"agent: {agent or 'valid'}\napiserver: {apiserver or 'valid'}"
     )
-
-
-def test_the_rules_module_is_what_validation_calls() -> None:
-    # The property above patches the canonicalisers by their name in model: keep it honest.
-    assert vars(model)["canonical_capacity"] is device_fields.canonical_capacity
-    assert vars(model)["canonical_node_allocatable"] is device_fields.canonical_node_allocatable

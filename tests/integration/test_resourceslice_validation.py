@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import Any
-from unittest import mock
 
 import msgspec
 import pytest
@@ -36,6 +35,7 @@ from nodeagent.resources.model import (
 )
 from tests.integration.test_resourceslice_gates import _start
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
+from tests.support.dra_reference import desired as reference
 
 pytestmark = [pytest.mark.integration, pytest.mark.releases]
 
@@ -167,11 +167,7 @@ def agent_verdict(pool: Pool) -> str:
 def slices_as_sent(pool: Pool) -> list[dict[str, Any]]:
     """The pool's slices as the publisher lays them out; quantities left as the plugin sent them
     (an invalid one cannot be canonicalised)."""
-    with (
-        mock.patch.object(model, "_canonical_device", lambda d: d),
-        mock.patch.object(model, "_canonical_counters", lambda c: c),
-    ):
-        specs = model.desired_slices(DRIVER, pool, NODE)
+    specs = reference.desired_slices(DRIVER, pool, NODE, canonical=False)
     out = []
     for spec in specs:
         body = msgspec.to_builtins(spec)

@@ -388,3 +388,35 @@ def test_package_exports_exactly_its_listed_names(package: str) -> None:
 def test_every_package_has_an_export_list() -> None:
     packages = {p for p in _packages_on_disk() if (ROOT / p).is_dir()} - {"protos"}
     assert set(EXPORTS) == packages | {"nodeagent"}
+
+
+def _module_imports(module: str, path: Path, modules: set[str]) -> Iterator[str]:
+    """The nodeagent modules the file imports: `from nodeagent.plugins import metrics` is the
+    module `nodeagent.plugins.metrics`, not the package's `__init__`."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                submodule = f"{base}.{alias.name}"
+                if submodule in modules:
+                    yield submodule
+                elif base in modules:
+                    yield base
+
+
+def test_no_modules_import_each_other_in_a_circle() -> None:
+    """Inside a package too: a circle (even through `TYPE_CHECKING`) means two modules a reader
+    can understand only together; one of them holds two nouns."""
+    files = dict(_source_files())
+    graph = {m: set(_module_imports(m, p, set(files))) - {m} for m, p in files.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(exc.args[1])}")

@@ -19,7 +19,7 @@ from nodeagent.log import get_logger
 from nodeagent.resources import metrics
 from nodeagent.resources.dropped import dropped_fields, likely_gate, present_fields
 from nodeagent.resources.inventory import InventoryTracker
-from nodeagent.resources.model import Inventory, desired_slices
+from nodeagent.resources.model import Inventory, desired_specs
 from nodeagent.resources.observed import PoolKey
 
 log = get_logger(__name__)
@@ -86,10 +86,15 @@ class DesiredSlices:
         for driver in drivers:
             inventory = tracker.drivers[driver].inventory
             pools: dict[PoolKey, Desired] = {}
-            for pool in inventory.pools if inventory is not None else []:
+            if inventory is None:
+                out[driver] = pools
+                continue
+            # One Rust call: the specs come as the bytes the planner reads.
+            for pool, pool_specs in zip(
+                inventory.pools, desired_specs(inventory, self.node_name), strict=True
+            ):
                 key = (driver, pool.name)
-                slices = desired_slices(driver, pool, self.node_name)
-                specs = tuple(msgspec.json.encode(s) for s in slices)
+                specs = tuple(pool_specs)
                 old = self._pools.get(key)
                 if old is not None and old.specs == specs:
                     pools[key] = old

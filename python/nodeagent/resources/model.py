@@ -1,5 +1,5 @@
 """ResourceSlice (`resource.k8s.io/v1`) models, the internal inventory model, its validation and
-the split of a pool's devices into slice specs.
+its desired slice specs (both in Rust).
 
 The inventory model is the v1 device itself: both plugin APIs convert into it, so the publisher
 has one shape to validate, split and plan, and the native API maps onto v1 one-to-one.
@@ -7,27 +7,17 @@ has one shape to validate, split and plan, and the native API maps onto v1 one-t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import msgspec
 
 from nodeagent import _native
-from nodeagent._native import quantity_canonical as canonicalize
-from nodeagent.resources.device_fields import canonical_capacity, canonical_node_allocatable
 
 API_VERSION = "resource.k8s.io/v1"
 KIND = "ResourceSlice"
 
 # The limits of kube-apiserver v1.37 (`k8s.io/kubernetes/pkg/apis/resource`), the same in 1.35
-# and 1.36.
-MAX_DEVICES_PER_SLICE = 128
-# Taints and counter consumption make devices larger; upstream halves the limit for them
-# (`ResourceSliceMaxDevicesWithAdvancedFeatures`).
-MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS = 64
+# and 1.36; those of splitting a pool into slices are rust/src/inventory/desired.rs'.
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_TAINTS = 16
-# Counter sets per slice: a pool may have more, spread over several counter slices.
-MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
 MAX_COUNTER_CONSUMPTIONS = 2  # consumesCounters entries per device
 # Bytes of UTF-8, as the server counts them (Go's len of a string).
@@ -166,7 +156,7 @@ class Pool(msgspec.Struct, kw_only=True, frozen=True, gc=False):
     name: str
     devices: list[Device] = []
     shared_counters: list[CounterSet] = []
-    # Slice-level fields the pool's slices carry (see desired_slices).
+    # Slice-level fields the pool's slices carry (see desired_specs).
     partition_type_attribute: str | None = None
     skip_node_operations: list[str] = []
 
@@ -190,7 +180,7 @@ class InvalidInventory(ValueError):
 def inventory_errors(inv: Inventory) -> list[str]:
     """Every broken v1 rule of the inventory (empty when it may be published): limits and shapes
     of names, attributes and capacities, taints, counter sets and counters, duplicate pools,
-    counter sets and devices, and the fields of `device_fields`. In Rust
+    counter sets and devices, and the fields DRA added since 1.34. In Rust
     (rust/src/inventory/rules.rs), the one implementation; the plain-Python reference is
     tests/support/dra_reference/validation.py."""
     return _native.inventory_errors(msgspec.json.encode(inv), MAX_ATTRIBUTE_STRING)
@@ -205,88 +195,24 @@ def validate_inventory(inv: Inventory) -> None:
 
 # --- desired slices -----------------------------------------------------------------------------
 
-
-def _canonical_counters(counters: dict[str, Counter]) -> dict[str, Counter]:
-    return {k: Counter(value=canonicalize(c.value)) for k, c in counters.items()}
+_decode_spec = msgspec.json.Decoder(ResourceSliceSpec).decode
 
 
-def _canonical_device(d: Device) -> Device:
-    return msgspec.structs.replace(
-        d,
-        capacity={k: canonical_capacity(c) for k, c in d.capacity.items()},
-        node_allocatable_resources={
-            k: canonical_node_allocatable(r) for k, r in d.node_allocatable_resources.items()
-        },
-        consumes_counters=[
-            msgspec.structs.replace(u, counters=_canonical_counters(u.counters))
-            for u in d.consumes_counters
-        ],
-    )
+def desired_specs(inventory: Inventory, node_name: str) -> list[list[bytes]]:
+    """Per pool of a validated inventory, its slice specs as JSON, in one Rust call
+    (rust/src/inventory/desired.rs; its plain-Python reference is
+    tests/support/dra_reference/desired.py).
 
-
-def _heavy(d: Device) -> bool:
-    return bool(d.taints or d.consumes_counters)
-
-
-def split_devices(devices: Iterable[Device]) -> list[list[Device]]:
-    """Consecutive chunks of at most 128 devices, 64 in a chunk holding a tainted or
-    counter-consuming device; always at least one chunk."""
-    chunks: list[list[Device]] = [[]]
-    heavy = False
-    for d in devices:
-        now_heavy = heavy or _heavy(d)
-        limit = (
-            MAX_DEVICES_PER_SLICE_WITH_TAINTS_OR_COUNTERS if now_heavy else MAX_DEVICES_PER_SLICE
-        )
-        if len(chunks[-1]) + 1 > limit:
-            chunks.append([])
-            now_heavy = _heavy(d)
-        chunks[-1].append(d)
-        heavy = now_heavy
-    return chunks
+    Each pool's devices are split into slices of at most 128 (64 holding a tainted or
+    counter-consuming device), its shared counters go ahead in slices of their own (upstream
+    refuses a slice holding both), and every quantity is in canonical form, as the API server
+    would store it. The planner fills in the pool's generation; `resourceSliceCount` counts every
+    slice of the pool. A pool with neither devices nor counters is one empty slice (it still
+    says the pool exists and is empty). ValueError names a quantity that does not parse."""
+    return _native.desired_slices(msgspec.json.encode(inventory), node_name)
 
 
 def desired_slices(driver: str, pool: Pool, node_name: str) -> list[ResourceSliceSpec]:
-    """The pool's slice specs, quantities in canonical form; the planner fills in the pool's
-    generation, and `resourceSliceCount` counts every slice of the pool.
-
-    Shared counters go into slices of their own (upstream refuses a slice holding both
-    `sharedCounters` and `devices` since DRAPartitionableDevices went beta), at most
-    `MAX_COUNTER_SETS` sets each, ahead of the device slices; a device may consume counters
-    of a set in any slice of its pool. A pool with neither devices nor counters is one empty
-    slice (it still says the pool exists and is empty)."""
-    shared = [
-        msgspec.structs.replace(cs, counters=_canonical_counters(cs.counters))
-        for cs in pool.shared_counters
-    ]
-    counter_chunks = [
-        shared[i : i + MAX_COUNTER_SETS] for i in range(0, len(shared), MAX_COUNTER_SETS)
-    ]
-    device_chunks = split_devices(_canonical_device(d) for d in pool.devices)
-    if counter_chunks and not device_chunks[0]:
-        device_chunks = []
-    count = len(counter_chunks) + len(device_chunks)
-    out = [
-        ResourceSliceSpec(
-            driver=driver,
-            pool=ResourcePool(name=pool.name, resource_slice_count=count),
-            node_name=node_name,
-            shared_counters=chunk,
-        )
-        for chunk in counter_chunks
-    ]
-    out += [
-        ResourceSliceSpec(
-            driver=driver,
-            pool=ResourcePool(name=pool.name, resource_slice_count=count),
-            node_name=node_name,
-            devices=chunk,
-            # Upstream refuses the attribute on a slice without counter-consuming devices.
-            partition_type_attribute=pool.partition_type_attribute
-            if any(d.consumes_counters for d in chunk)
-            else None,
-            skip_node_operations=pool.skip_node_operations,
-        )
-        for chunk in device_chunks
-    ]
-    return out
+    """One pool's desired slice specs (`desired_specs`) as structs, for reading."""
+    (specs,) = desired_specs(Inventory(driver=driver, pools=[pool]), node_name)
+    return [_decode_spec(s) for s in specs]

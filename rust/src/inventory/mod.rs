@@ -1,9 +1,11 @@
 //! Plugin inventories converted and validated (`nodeagent._native.inventory_*`): the native and
 //! seed plugin messages decoded from their wire bytes into the v1 device model, the seed's
 //! per-device and per-attribute drops, the native message's shape rules and the v1 DRA rules of
-//! the whole inventory. The Python side decodes the JSON this returns with msgspec; the Python
-//! reference these are property-tested against lives in `tests/support/`.
+//! the whole inventory; and a valid inventory's desired slices (`desired_slices`). The Python
+//! side decodes the JSON this returns with msgspec; the Python reference these are
+//! property-tested against lives in `tests/support/dra_reference/`.
 
+pub mod desired;
 pub mod model;
 pub mod names;
 pub mod rules;
@@ -100,6 +102,28 @@ fn inventory_errors(
         .map_err(PyValueError::new_err)
 }
 
+/// Per pool of a validated inventory (given as `msgspec.json.encode(inventory)`), its desired
+/// slice specs as JSON, quantities in canonical form; ValueError naming an invalid quantity.
+#[pyfunction]
+fn desired_slices<'py>(
+    py: Python<'py>,
+    inventory: PyBackedBytes,
+    node_name: PyBackedStr,
+) -> PyResult<Vec<Vec<Bound<'py, PyBytes>>>> {
+    let pools = py
+        .detach(|| model::from_json(&inventory).and_then(|inv| desired::slices(&inv, &node_name)))
+        .map_err(PyValueError::new_err)?;
+    Ok(pools
+        .iter()
+        .map(|specs| {
+            specs
+                .iter()
+                .map(|s| PyBytes::new(py, s.as_bytes()))
+                .collect()
+        })
+        .collect())
+}
+
 /// The first shape rule a native `Inventory` message's wire bytes break, or None.
 #[pyfunction]
 fn native_message_error(py: Python<'_>, message: PyBackedBytes) -> PyResult<Option<String>> {
@@ -117,6 +141,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(inventory_native, m)?)?;
     m.add_function(wrap_pyfunction!(inventory_seed, m)?)?;
     m.add_function(wrap_pyfunction!(inventory_errors, m)?)?;
+    m.add_function(wrap_pyfunction!(desired_slices, m)?)?;
     m.add_function(wrap_pyfunction!(native_message_error, m)?)?;
     m.add_function(wrap_pyfunction!(seed_device_name, m)?)?;
     Ok(())

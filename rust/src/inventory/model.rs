@@ -128,11 +128,13 @@ pub fn get<'a, T>(map: &'a Map<T>, key: &str) -> Option<&'a T> {
 
 /// Writes JSON objects field by field, leaving out unset and empty fields (msgspec fills in
 /// the defaults).
-struct Obj<'a> {
+pub(super) struct Obj<'a> {
     out: &'a mut String,
     first: bool,
 }
 
+/// A JSON string escaped as msgspec escapes it (the short escapes where JSON has them), so that
+/// what is written here and what `msgspec.json.encode` writes are the same bytes.
 fn string(out: &mut String, s: &str) {
     out.push('"');
     if !s.bytes().any(|b| b == b'"' || b == b'\\' || b < 0x20) {
@@ -144,6 +146,11 @@ fn string(out: &mut String, s: &str) {
         match c {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
             }
@@ -154,7 +161,7 @@ fn string(out: &mut String, s: &str) {
 }
 
 impl<'a> Obj<'a> {
-    fn new(out: &'a mut String) -> Self {
+    pub(super) fn new(out: &'a mut String) -> Self {
         out.push('{');
         Obj { out, first: true }
     }
@@ -167,16 +174,16 @@ impl<'a> Obj<'a> {
         self.out.push(':');
         self.out
     }
-    fn str(&mut self, k: &str, v: &str) {
+    pub(super) fn str(&mut self, k: &str, v: &str) {
         let out = self.key(k);
         string(out, v);
     }
-    fn opt(&mut self, k: &str, v: &Option<Str>) {
+    pub(super) fn opt(&mut self, k: &str, v: &Option<Str>) {
         if let Some(v) = v {
             self.str(k, v);
         }
     }
-    fn strs(&mut self, k: &str, v: &[Str]) {
+    pub(super) fn strs(&mut self, k: &str, v: &[Str]) {
         if v.is_empty() {
             return;
         }
@@ -190,12 +197,15 @@ impl<'a> Obj<'a> {
         }
         out.push(']');
     }
+    pub(super) fn int(&mut self, k: &str, v: i64) {
+        let _ = write!(self.key(k), "{v}");
+    }
     fn bool(&mut self, k: &str, v: Option<bool>) {
         if let Some(v) = v {
             self.key(k).push_str(if v { "true" } else { "false" });
         }
     }
-    fn list<T>(&mut self, k: &str, v: &[T], f: fn(&mut String, &T)) {
+    pub(super) fn list<T>(&mut self, k: &str, v: &[T], f: fn(&mut String, &T)) {
         if v.is_empty() {
             return;
         }
@@ -225,11 +235,11 @@ impl<'a> Obj<'a> {
         }
         out.push('}');
     }
-    fn obj(&mut self, k: &str, f: impl FnOnce(&mut String)) {
+    pub(super) fn obj(&mut self, k: &str, f: impl FnOnce(&mut String)) {
         let out = self.key(k);
         f(out);
     }
-    fn end(self) {
+    pub(super) fn end(self) {
         self.out.push('}');
     }
 }
@@ -315,7 +325,7 @@ fn node_allocatable(out: &mut String, r: &NodeAllocatable) {
     o.end();
 }
 
-fn device(out: &mut String, d: &Device) {
+pub(super) fn device(out: &mut String, d: &Device) {
     let mut o = Obj::new(out);
     o.str("name", &d.name);
     o.map("attributes", &d.attributes, attribute);
@@ -334,7 +344,7 @@ fn device(out: &mut String, d: &Device) {
     o.end();
 }
 
-fn counter_set(out: &mut String, c: &CounterSet) {
+pub(super) fn counter_set(out: &mut String, c: &CounterSet) {
     let mut o = Obj::new(out);
     o.str("name", &c.name);
     o.map("counters", &c.counters, counter);
@@ -628,4 +638,110 @@ pub fn from_json(data: &[u8]) -> Result<Inventory, String> {
             })
             .collect(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inventory() -> Inventory {
+        let device = Device {
+            name: "gpu-0".into(),
+            attributes: vec![
+                (
+                    "model".into(),
+                    Attribute {
+                        string: Some("A100 \"80\"\n\\".into()),
+                        ..Attribute::default()
+                    },
+                ),
+                (
+                    "index".into(),
+                    Attribute {
+                        int: Some(-7),
+                        ..Attribute::default()
+                    },
+                ),
+            ],
+            capacity: vec![(
+                "bw".into(),
+                Capacity {
+                    value: "10".into(),
+                    request_policy: Some(Policy {
+                        valid_range: Some(Range {
+                            min: Some("1".into()),
+                            ..Range::default()
+                        }),
+                        ..Policy::default()
+                    }),
+                },
+            )],
+            taints: vec![Taint {
+                key: "k".into(),
+                effect: "NoSchedule".into(),
+                ..Taint::default()
+            }],
+            binds_to_node: Some(true),
+            ..Device::default()
+        };
+        Inventory {
+            driver: "gpu.example.com".into(),
+            pools: vec![Pool {
+                name: "p".into(),
+                devices: vec![device; 3],
+                shared_counters: vec![CounterSet {
+                    name: "s".into(),
+                    counters: vec![("c".into(), "1".into())],
+                }],
+                partition_type_attribute: Some("kind".into()),
+                skip_node_operations: vec!["*".into()],
+            }],
+        }
+    }
+
+    #[test]
+    fn json_out_and_in_is_the_same_inventory() {
+        let inv = inventory();
+        assert_eq!(from_json(to_json(&inv, 0).as_bytes()), Ok(inv));
+    }
+
+    #[test]
+    fn unset_and_empty_fields_are_left_out_and_strings_escaped_as_msgspec_does() {
+        let mut out = String::new();
+        device(&mut out, &inventory().pools[0].devices[0]);
+        assert_eq!(
+            out,
+            concat!(
+                r#"{"name":"gpu-0","attributes":{"model":{"string":"A100 \"80\"\n\\"},"#,
+                r#""index":{"int":-7}},"capacity":{"bw":{"value":"10","requestPolicy":"#,
+                r#"{"validRange":{"min":"1"}}}},"taints":[{"key":"k","effect":"NoSchedule"}],"#,
+                r#""bindsToNode":true}"#
+            )
+        );
+        let mut out = String::new();
+        string(&mut out, "\u{1}\u{8}\u{c}\r\t\u{7f}é");
+        assert_eq!(out, "\"\\u0001\\b\\f\\r\\t\u{7f}é\"");
+    }
+
+    #[test]
+    fn devices_come_in_batches_without_the_head() {
+        let inv = inventory();
+        let (head, pools) = to_json_split(&inv, 2);
+        let head = from_json(head.as_bytes()).expect("parses");
+        assert!(head.pools[0].devices.is_empty());
+        assert_eq!(head.pools[0].shared_counters, inv.pools[0].shared_counters);
+        let sizes: Vec<_> = pools[0]
+            .iter()
+            .map(|b| b.matches(r#"{"name":"gpu-0""#).count())
+            .collect();
+        assert_eq!(sizes, [2, 1]);
+    }
+
+    #[test]
+    fn bad_json_is_an_error() {
+        assert!(from_json(b"{\"driver\":").is_err());
+        assert!(from_json(b"{} x").is_err());
+        let deep = "[".repeat(100) + &"]".repeat(100);
+        assert!(from_json(deep.as_bytes()).is_err());
+    }
 }

@@ -1,13 +1,14 @@
 //! The v1 DRA rules of an inventory (kube-apiserver v1.37's limits and shapes, plus the agent's
 //! own cross-checks), the shape rules of a native message, and the seed conversion's per-device
 //! and per-attribute rules: the one implementation. Every message is the Python reference's
-//! (`tests/support/inventory_reference.py`) word for word; names are quoted with Python's repr.
+//! (tests/support/dra_reference/: `validation.py`, `inventory_shape.py`, `convert.py`) word for
+//! word; names are quoted with Python's repr.
 
 use std::collections::{HashMap, HashSet};
 
 use super::model::*;
 use super::names::*;
-use crate::planner::quantity::{self, ERR_RANGE};
+use crate::quantity::{self, ERR_RANGE};
 
 pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 pub const MAX_TAINTS: usize = 16;
@@ -1019,4 +1020,109 @@ pub fn from_seed(
         },
         rejections,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str) -> Device {
+        Device {
+            name: name.into(),
+            ..Device::default()
+        }
+    }
+
+    fn inventory(devices: Vec<Device>) -> Inventory {
+        Inventory {
+            driver: "gpu.example.com".into(),
+            pools: vec![Pool {
+                name: "pool-a".into(),
+                devices,
+                ..Pool::default()
+            }],
+        }
+    }
+
+    #[test]
+    fn a_valid_inventory_breaks_no_rule() {
+        let mut d = device("gpu-0");
+        d.attributes.push((
+            "model".into(),
+            Attribute {
+                string: Some("A100".into()),
+                ..Attribute::default()
+            },
+        ));
+        d.capacity.push((
+            "memory".into(),
+            Capacity {
+                value: "80Gi".into(),
+                request_policy: None,
+            },
+        ));
+        assert_eq!(
+            validate(&inventory(vec![d]), MAX_ATTRIBUTE_STRING),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn every_broken_rule_is_named_with_its_device() {
+        let mut bad = device("gpu-0");
+        bad.attributes.push(("model".into(), Attribute::default()));
+        bad.capacity.push((
+            "memory".into(),
+            Capacity {
+                value: "lots".into(),
+                request_policy: None,
+            },
+        ));
+        let mut inv = inventory(vec![bad, device("gpu-0")]);
+        inv.driver = "Not A Driver".into();
+        let errors = validate(&inv, MAX_ATTRIBUTE_STRING);
+        assert!(errors[0].starts_with("driver 'Not A Driver': must be a DNS subdomain"));
+        let about = |needle: &str| errors.iter().filter(|e| e.contains(needle)).count();
+        assert_eq!(
+            about("exactly one of int, bool, string, version must be set"),
+            1
+        );
+        assert_eq!(
+            about("device 'gpu-0': duplicate device name in pool 'pool-a'"),
+            1
+        );
+        assert_eq!(about("'memory'"), 1, "{errors:?}");
+    }
+
+    #[test]
+    fn a_string_attribute_is_limited_in_bytes() {
+        let attribute = |s: &str| Attribute {
+            string: Some(s.into()),
+            ..Attribute::default()
+        };
+        // "é" is two bytes: 32 of them are 64 bytes, one more is over.
+        assert!(attribute_errors("a", &attribute(&"é".repeat(32)), 64).is_empty());
+        assert_eq!(
+            attribute_errors("a", &attribute(&"é".repeat(33)), 64).len(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_message_with_a_duplicate_device_is_refused_whole() {
+        let err = check_message(&inventory(vec![device("a"), device("a")]));
+        assert!(err.expect_err("refused").contains("'a'"));
+        assert_eq!(check_message(&inventory(vec![device("a")])), Ok(()));
+    }
+
+    #[test]
+    fn seed_names_become_dns_labels() {
+        assert_eq!(seed_device_name("gpu-0").as_deref(), Some("gpu-0"));
+        let mapped = seed_device_name("gpu.0").expect("a subdomain maps");
+        assert!(mapped.starts_with("gpu-0-") && mapped.len() == "gpu-0-".len() + 8);
+        assert_ne!(seed_device_name("gpu.0"), seed_device_name("gpu.1"));
+        let long = seed_device_name("a.".repeat(60).trim_end_matches('.'));
+        assert!(long.expect("maps").len() <= 63);
+        assert_eq!(seed_device_name("Not_A_Name"), None);
+    }
 }

@@ -469,3 +469,119 @@ pub fn seed(b: &[u8]) -> Result<Vec<SeedInstance>> {
     })?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A length-delimited field: the tag, the length, the bytes.
+    fn bytes(n: u64, b: &[u8]) -> Vec<u8> {
+        let mut out = varint(n << 3 | 2);
+        out.extend(varint(b.len() as u64));
+        out.extend_from_slice(b);
+        out
+    }
+
+    fn int(n: u64, v: u64) -> Vec<u8> {
+        let mut out = varint(n << 3);
+        out.extend(varint(v));
+        out
+    }
+
+    fn varint(mut v: u64) -> Vec<u8> {
+        let mut out = Vec::new();
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+        out
+    }
+
+    fn entry(key: &str, value: &[u8]) -> Vec<u8> {
+        [bytes(1, key.as_bytes()), bytes(2, value)].concat()
+    }
+
+    fn inventory(device: &[u8]) -> Vec<u8> {
+        let pool = [bytes(1, b"pool-a"), bytes(2, device)].concat();
+        bytes(1, &pool)
+    }
+
+    #[test]
+    fn a_native_device_is_decoded_one_to_one() {
+        let device = [
+            bytes(1, b"gpu-0"),
+            // A oneof sent twice: the last value on the wire wins, as protobuf reads it.
+            bytes(
+                2,
+                &entry("index", &[bytes(4, b"x"), int(2, (-3i64) as u64)].concat()),
+            ),
+            bytes(3, &entry("memory", &bytes(1, b"80Gi"))),
+            int(9, 0),  // bindsToNode false: not published
+            int(12, 1), // allowMultipleAllocations true
+            int(99, 7), // an unknown field: skipped
+        ]
+        .concat();
+        let inv = native("gpu.example.com", &inventory(&device)).expect("decodes");
+        assert_eq!(inv.driver, "gpu.example.com");
+        let d = &inv.pools[0].devices[0];
+        assert_eq!(inv.pools[0].name, "pool-a");
+        assert_eq!(d.name, "gpu-0");
+        assert_eq!(d.attributes[0].0, "index");
+        assert_eq!(d.attributes[0].1.int, Some(-3));
+        assert_eq!(d.attributes[0].1.string, None);
+        assert_eq!(d.capacity[0].1.value, "80Gi");
+        assert_eq!(d.binds_to_node, None);
+        assert_eq!(d.allow_multiple_allocations, Some(true));
+    }
+
+    #[test]
+    fn empty_optional_strings_are_unset() {
+        let policy = [
+            bytes(1, b""),
+            bytes(4, &[bytes(1, b"1"), bytes(3, b"")].concat()),
+        ]
+        .concat();
+        let cap = entry("bw", &[bytes(1, b"10"), bytes(2, &policy)].concat());
+        let inv = native("d", &inventory(&bytes(3, &cap))).expect("decodes");
+        let p = inv.pools[0].devices[0].capacity[0].1.request_policy.clone();
+        let p = p.expect("a policy");
+        assert_eq!(p.default, None);
+        let r = p.valid_range.expect("a range");
+        assert_eq!((r.min.as_deref(), r.max, r.step), (Some("1"), None, None));
+    }
+
+    #[test]
+    fn broken_bytes_are_errors() {
+        let whole = inventory(&bytes(1, b"gpu-0"));
+        assert_eq!(
+            native("d", &whole[..whole.len() - 1]).err(),
+            Some("truncated field")
+        );
+        assert_eq!(
+            native("d", &inventory(&bytes(1, b"\xff"))).err(),
+            Some("invalid UTF-8 in a string field")
+        );
+        assert_eq!(native("d", &[0x0b]).err(), Some("unsupported wire type"));
+    }
+
+    #[test]
+    fn a_seed_instance_keeps_its_attributes_in_order() {
+        let quantity = bytes(6, &bytes(1, b"1Gi"));
+        let attrs = [
+            bytes(2, &[bytes(1, b"mem"), bytes(2, &quantity)].concat()),
+            bytes(2, &[bytes(1, b"n"), bytes(2, &int(7, 4))].concat()),
+        ]
+        .concat();
+        let instance = [bytes(1, b"gpu.0"), attrs].concat();
+        let message = bytes(1, &bytes(1, &bytes(1, &instance)));
+        let seed = seed(&message).expect("decodes");
+        assert_eq!(seed.len(), 1);
+        assert_eq!(seed[0].name, "gpu.0");
+        let names: Vec<_> = seed[0].attributes.iter().map(|a| a.name.as_str()).collect();
+        assert_eq!(names, ["mem", "n"]);
+        assert_eq!(seed[0].attributes[0].value.quantity.as_deref(), Some("1Gi"));
+        assert_eq!(seed[0].attributes[1].value.int, Some(4));
+        assert_eq!(seed[0].attributes[1].value.count(), 1);
+    }
+}

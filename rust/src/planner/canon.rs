@@ -8,8 +8,8 @@
 
 use std::borrow::Cow;
 
-use super::quantity;
 use crate::json::Scanner;
+use crate::quantity;
 
 const MAX_DEPTH: usize = 128;
 /// Distinct quantity texts remembered per slice.

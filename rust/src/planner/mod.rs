@@ -1,9 +1,8 @@
-//! The ResourceSlice planner: Kubernetes quantities, semantic equality of slice specs and the
-//! per-pool plan (`nodeagent._native.plan_pool`).
+//! The ResourceSlice planner: semantic equality of slice specs and the per-pool plan
+//! (`nodeagent._native.plan_pool`).
 
 pub mod canon;
 pub mod plan;
-pub mod quantity;
 pub mod semantic;
 
 use std::sync::Arc;
@@ -54,29 +53,6 @@ fn plan_result(py: Python<'_>, plan: PlanTuple) -> PyResult<Bound<'_, PyAny>> {
         .map(|d| PLAN_DELETE.make(py, d))
         .collect::<PyResult<Vec<_>>>()?;
     POOL_PLAN.make(py, (generation, unchanged, updates, creates, deletes))
-}
-
-fn parse_quantity(s: &str) -> PyResult<quantity::Quantity> {
-    quantity::parse(s).map_err(PyValueError::new_err)
-}
-
-/// (value in nanos, format name) of a quantity string; ValueError if invalid.
-#[pyfunction]
-fn quantity_parse(s: &str) -> PyResult<(i128, &'static str)> {
-    let q = parse_quantity(s)?;
-    Ok((q.nanos, q.format.name()))
-}
-
-/// The canonical spelling of a quantity (what the API server would print).
-#[pyfunction]
-fn quantity_canonical(s: &str) -> PyResult<String> {
-    Ok(quantity::canonical(&parse_quantity(s)?))
-}
-
-/// -1, 0 or 1 comparing two quantities by value.
-#[pyfunction]
-fn quantity_cmp(a: &str, b: &str) -> PyResult<i8> {
-    Ok(parse_quantity(a)?.cmp_value(&parse_quantity(b)?) as i8)
 }
 
 /// Whether two ResourceSlice specs (JSON) are semantically equal, ignoring `pool`.
@@ -259,9 +235,6 @@ fn plan_pool(
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_function(wrap_pyfunction!(quantity_parse, m)?)?;
-    m.add_function(wrap_pyfunction!(quantity_canonical, m)?)?;
-    m.add_function(wrap_pyfunction!(quantity_cmp, m)?)?;
     m.add_function(wrap_pyfunction!(slice_spec_equal, m)?)?;
     m.add_function(wrap_pyfunction!(plan_pool, m)?)?;
     m.add_function(wrap_pyfunction!(prepare_desired, m)?)?;

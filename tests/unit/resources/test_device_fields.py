@@ -1,4 +1,4 @@
-"""The newer device fields' rules (`resources.device_fields`, called by `validate_inventory`):
+"""The newer device fields' rules (rust/src/inventory/rules.rs, called by `validate_inventory`):
 every case of `device_field_cases` gets v1.37's verdict, with a message naming the field."""
 
 from __future__ import annotations
