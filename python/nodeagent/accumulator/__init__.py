@@ -6,7 +6,6 @@ from nodeagent.accumulator.accumulator import (
     QueryForbiddenError,
     Watch,
 )
-from nodeagent.accumulator.hub import RECONNECT_GRACE, WatchHub, client_watch
 from nodeagent.accumulator.model import (
     Delta,
     DeltaType,
@@ -17,6 +16,7 @@ from nodeagent.accumulator.model import (
     QueryStatus,
 )
 from nodeagent.accumulator.settings import AccumulatorSettings
+from nodeagent.accumulator.watchhub import RECONNECT_GRACE, WatchHub, client_watch
 
 __all__ = [
     "RECONNECT_GRACE",

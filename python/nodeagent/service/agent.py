@@ -42,8 +42,8 @@ from nodeagent.rpc.bridge import open_grpc_bridge
 from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.config import Config, ConfigBuilder
+from nodeagent.service.confighub import ConfigHub
 from nodeagent.service.heartbeat import Heartbeat
-from nodeagent.service.hub import ConfigHub
 from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS
 from nodeagent.service.ops import OpsServer
 from nodeagent.service.sdnotify import Notifier

@@ -17,7 +17,7 @@ from nodeagent.core.latest import LatestValue
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.service.config import Config, build_config
-from nodeagent.service.hub import DYNAMIC_FIELDS, ConfigHub
+from nodeagent.service.confighub import DYNAMIC_FIELDS, ConfigHub
 from tests.unit.plugins.test_stream_supervisor import (
     HANG,
     _field,

@@ -20,7 +20,7 @@ from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import LOCAL_HASH
 from nodeagent.dynconfig.status import ConfigEvent
 from nodeagent.service.config import Config, ConfigBuilder
-from nodeagent.service.hub import ConfigHub
+from nodeagent.service.confighub import ConfigHub
 from tests.support.fake_dynconfig import Report, Wall
 from tests.unit.dynconfig.test_controller import target
 

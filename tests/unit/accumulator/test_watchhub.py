@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings, ObjectMap, Query, QueryState
-from nodeagent.accumulator.hub import WatchHub
+from nodeagent.accumulator.watchhub import WatchHub
 from nodeagent.kube import errors
 from nodeagent.kube.resource import NODES
 from nodeagent.kube.watch import WatchRequest, WatchSink

@@ -13,7 +13,7 @@ from nodeagent.config.loader import Environment
 from nodeagent.core.errors import ConfigError
 from nodeagent.service.agent import Agent
 from nodeagent.service.config import Config, build_config
-from nodeagent.service.hub import ConfigHub, changed_fields
+from nodeagent.service.confighub import ConfigHub, changed_fields
 from nodeagent.service.metrics import CONFIG_RELOADS
 
 ENV = Environment(uid=0, env={}, hostname="worker-1", home="/root")
