@@ -29,7 +29,7 @@ import trio
 
 from nodeagent.accumulator import metrics
 from nodeagent.accumulator.model import Delta, Query, QueryState, QueryStatus
-from nodeagent.accumulator.notifier import Notifier
+from nodeagent.accumulator.notifier import ChangeNotifier
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.accumulator.sink import StoreSink
 from nodeagent.accumulator.view import QueryView
@@ -148,7 +148,7 @@ class Accumulator:
 
     Owns, per query, a Rust `Store` (through its `QueryView`) fed by a `StoreSink` with the raw
     bytes of the query's list and watch (`run_watch`, or the injected ``watch``), and one
-    `Notifier` for all queries. `run()` starts, in one nursery, the watch of every query
+    `ChangeNotifier` for all queries. `run()` starts, in one nursery, the watch of every query
     (kind discovery first, retried with backoff; a Forbidden list is served as empty or, with
     `forbidden_fatal`, ends the run; a Forbidden relist of a query known before is retried
     first, keeping the last state, for up to `unknown_bound`), the notifier and the sweep
@@ -180,7 +180,7 @@ class Accumulator:
             raise TypeError(f"{type(client).__name__} is not a KubeClient: pass watch=")
         self._client = client
         self._watch_given = watch
-        self._notifier = Notifier(self.settings.max_interval, self._offer_ready)
+        self._notifier = ChangeNotifier(self.settings.max_interval, self._offer_ready)
         self._fields: list[_Field] = []
         for q in queries:
             view = QueryView(q)

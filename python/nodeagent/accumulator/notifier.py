@@ -18,7 +18,7 @@ from nodeagent.accumulator import metrics
 from nodeagent.core.wake import Wake
 
 
-class Notifier:
+class ChangeNotifier:
     def __init__(self, interval: float, ready: Callable[[], bool]) -> None:
         self.interval = interval
         self._ready = ready  # bootstrap done, no relist half-applied, and something pending

@@ -46,7 +46,7 @@ from nodeagent.service.confighub import ConfigHub
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS
 from nodeagent.service.ops import OpsServer
-from nodeagent.service.sdnotify import Notifier
+from nodeagent.service.sdnotify import SystemdNotifier
 from nodeagent.service.settings import AgentSettings
 from nodeagent.service.status import config_document
 from nodeagent.service.supervisor import ComponentReport, Supervisor
@@ -107,7 +107,7 @@ class Agent:
         self,
         config: Config,
         *,
-        notifier: Notifier | None = None,
+        notifier: SystemdNotifier | None = None,
         extra_components: Sequence[Component] = (),
         cluster: ClusterComponent | None = None,
         reloader: Reloader | None = None,
@@ -169,7 +169,7 @@ class Agent:
         # SIGHUP and SIGTERM the CLI held from its first line until run() took over.
         self.early_signals: list[int] = []
         self.last_reload: dict[str, Any] | None = None
-        self.notifier = notifier or Notifier.from_env()
+        self.notifier = notifier or SystemdNotifier.from_env()
         self.heartbeat = Heartbeat.from_env(
             config.agent.heartbeat_interval,
             self.notifier,

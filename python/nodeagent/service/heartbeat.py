@@ -14,7 +14,7 @@ import trio
 from nodeagent.log import get_logger
 from nodeagent.service import debug
 from nodeagent.service.metrics import LOOP_LAG
-from nodeagent.service.sdnotify import Notifier
+from nodeagent.service.sdnotify import SystemdNotifier
 
 log = get_logger(__name__)
 
@@ -23,7 +23,7 @@ class Heartbeat:
     def __init__(
         self,
         interval: float,
-        notifier: Notifier,
+        notifier: SystemdNotifier,
         *,
         stale_after: float,
         block_file: str | None = None,
@@ -38,7 +38,9 @@ class Heartbeat:
         self.watchdog_pings = 0
 
     @classmethod
-    def from_env(cls, interval: float, notifier: Notifier, *, stale_after: float) -> Heartbeat:
+    def from_env(
+        cls, interval: float, notifier: SystemdNotifier, *, stale_after: float
+    ) -> Heartbeat:
         return cls(
             interval,
             notifier,

@@ -53,7 +53,7 @@ def watchdog_interval(env: Mapping[str, str], pid: int) -> float | None:
     return usec / 1_000_000 / 2
 
 
-class Notifier:
+class SystemdNotifier:
     """Sends notifications when `$NOTIFY_SOCKET` is set; otherwise every call is a cheap no-op."""
 
     def __init__(self, notify_socket: str | None, watchdog: float | None = None) -> None:
@@ -62,7 +62,9 @@ class Notifier:
         self._sock: socket.socket | None = None
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, pid: int | None = None) -> Notifier:
+    def from_env(
+        cls, env: Mapping[str, str] | None = None, pid: int | None = None
+    ) -> SystemdNotifier:
         env = os.environ if env is None else env
         pid = os.getpid() if pid is None else pid
         return cls(env.get("NOTIFY_SOCKET") or None, watchdog_interval(env, pid))

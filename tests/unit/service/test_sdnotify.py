@@ -11,7 +11,7 @@ import trio.testing
 
 from nodeagent.service.heartbeat import Heartbeat
 from nodeagent.service.metrics import SD_NOTIFY_ERRORS
-from nodeagent.service.sdnotify import Notifier, encode, socket_address, watchdog_interval
+from nodeagent.service.sdnotify import SystemdNotifier, encode, socket_address, watchdog_interval
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_watchdog_interval_is_half_of_watchdog_usec_for_our_pid(
 
 def test_notifier_sends_datagrams(receiver: tuple[socket.socket, str]) -> None:
     sock, path = receiver
-    notifier = Notifier.from_env({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"}, pid=1)
+    notifier = SystemdNotifier.from_env({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "2000000"}, pid=1)
     assert notifier.watchdog_interval == 1.0
     assert notifier.ready("serving")
     assert sock.recv(4096) == f"READY=1\nSTATUS=serving\nMAINPID={os.getpid()}".encode()
@@ -70,23 +70,23 @@ def test_notifier_abstract_socket() -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(b"\0" + name.encode())
         sock.settimeout(5)
-        assert Notifier(f"@{name}").status("hi")
+        assert SystemdNotifier(f"@{name}").status("hi")
         assert sock.recv(100) == b"STATUS=hi"
 
 
 def test_without_notify_socket_nothing_is_sent() -> None:
-    notifier = Notifier.from_env({}, pid=1)
+    notifier = SystemdNotifier.from_env({}, pid=1)
     assert not notifier.enabled
     assert notifier.ready("x") is False
 
 
 def test_send_failure_is_counted_not_raised(tmp_path: Path) -> None:
     before = SD_NOTIFY_ERRORS._value.get()
-    assert Notifier(str(tmp_path / "nobody-listens")).status("x") is False
+    assert SystemdNotifier(str(tmp_path / "nobody-listens")).status("x") is False
     assert SD_NOTIFY_ERRORS._value.get() == before + 1
 
 
-class RecordingNotifier(Notifier):
+class RecordingNotifier(SystemdNotifier):
     def __init__(self, watchdog: float | None) -> None:
         super().__init__(None, watchdog)
         self.pings: list[float] = []
