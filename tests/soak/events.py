@@ -21,12 +21,19 @@ from tests.soak.crash_agent import CRASH_RANGE
 from tests.soak.invariants import (
     CRASHLOOP_RESTARTS,
     FOREIGN,
+    SETTLE_BOUND,
+    TRIAL_DURATION,
     Invariants,
+    plugin_difference,
+    published,
     stop_agent,
 )
 from tests.soak.world import NAC_PATH, SLICES_PATH, ApiDown, Plugin, inventory, report
 
 NAC_NAME = "soak"
+# plugins.scan_interval of the slow-to-fail configs: disjoint from the good [0.3, 0.5), invalid
+# [0.6, 0.8), crash-inducing [0.9, 1.0) and local (0.2) values.
+SLOW_RANGE = (0.8, 0.9)
 # Pool sizes: across the 128-device slice boundary both ways (a pool growing to two slices and
 # shrinking back to one, issue 29 item 11).
 SIZES = (3, 40, 127, 129, 200)
@@ -184,6 +191,7 @@ def config_good(inv: Invariants, rng: random.Random) -> str:
         config["agent"] = {"log_level": rng.choice(("info", "warning"))}
     _put_config(inv, config)
     inv.model.target, inv.model.marker, inv.model.last_good = "good", marker, marker
+    inv.model.hashes[config_hash(config)] = marker  # known as a last-known-good by its hash
     # A new generation of the object: a config rolled back before is tried again.
     inv.model.rolled_back.discard(marker)
     inv.model.at_risk.discard(marker)
@@ -220,6 +228,67 @@ def config_crash(inv: Invariants, rng: random.Random) -> str:
     inv.model.crash_hashes[marker] = digest
     inv.model.hashes[digest] = marker
     return f"NodeAgentConfig {NAC_NAME} crash-inducing (hash {digest}): {config}"
+
+
+def config_slow(inv: Invariants, rng: random.Random) -> str:
+    """A slow-to-fail config: healthy when applied, it holds every pool change after the first
+    back for an hour (`resources.min_sync_interval` 3600, a real setting), so once a node-a
+    plugin's inventory changes during its trial the pool stays unpublished past
+    `resources.publish_failure_bound`, `resources` turns not ready, and past
+    `dynconfig.unready_bound` the trial rolls the config back at run time (no restart), to the
+    last-known-good. The event waits for the trial, changes the inventory, and waits for the
+    rollback (the next event after it): a restart before it would begin the pool afresh, with
+    nothing held back (docs/testing/soak.md)."""
+    marker = round(SLOW_RANGE[0] + 0.0002 * (inv.step % 500), 4)
+    config: dict[str, object] = {
+        "plugins": {"scan_interval": marker},
+        "resources": {"min_sync_interval": 3600},
+    }
+    p = rng.choice([p for p in _running(inv) if p.node == "node-a"])
+    devices = _new_inventory(rng, inv.step)
+    model, agent = inv.model, inv.world.agents["node-a"]
+    # The pool synced in this agent process (its inventory published): its next change waits
+    # for min_sync_interval from that sync, not written at once as a pool's first sync is.
+    inv.wait_for(
+        lambda: (
+            plugin_difference(p, published(inv.world.slices(), p.node, p.driver)) is None or None
+        ),
+        SETTLE_BOUND,
+    )
+    _put_config(inv, config)
+    digest = config_hash(config)
+    model.target, model.marker = "slow", marker
+    model.slow_hashes[marker] = digest
+    model.hashes[digest] = marker
+
+    def dynamic() -> dict[str, object]:
+        doc = agent.doc("/v1/config")
+        return dict(doc["dynamic"] or {})
+
+    def on_trial() -> dict[str, object] | None:
+        dyn = dynamic()
+        trial = dyn.get("trial") or {}
+        return dyn if isinstance(trial, dict) and trial.get("hash") == digest else None
+
+    dyn = inv.wait_for(on_trial, SETTLE_BOUND)
+    if dyn is None:
+        return f"NodeAgentConfig {NAC_NAME} slow-to-fail (hash {digest}): never seen on trial"
+    lkg = dyn.get("last_known_good")
+    model.slow_lkg[marker] = str(lkg["hash"]) if isinstance(lkg, dict) else "local"
+    p.set_inventory(devices)
+
+    def rolled_back() -> bool | None:
+        return dynamic().get("reason") == "RolledBack" or None
+
+    took = time.monotonic()
+    done = inv.wait_for(rolled_back, TRIAL_DURATION + SETTLE_BOUND)
+    took = time.monotonic() - took
+    return (
+        f"NodeAgentConfig {NAC_NAME} slow-to-fail (hash {digest}): {config}; on trial, "
+        f"inventory of {p.driver} -> {len(devices)} devices, "
+        + (f"rolled back {took:.1f} s later" if done else f"not rolled back in {took:.0f} s")
+        + f" (last-known-good {model.slow_lkg[marker]})"
+    )
 
 
 def _new_report_a(inv: Invariants, rng: random.Random) -> bool:
@@ -344,6 +413,12 @@ TABLE = (
     Event("config_good", 3, lambda inv: True, config_good),
     Event("config_invalid", 1, lambda inv: True, config_invalid),
     Event("config_crash", 1, lambda inv: not inv.world.read_only, config_crash),
+    Event(
+        "config_slow",
+        1,
+        lambda inv: not inv.world.read_only and any(p.node == "node-a" for p in _running(inv)),
+        config_slow,
+    ),
     Event("state_read_only", 1, _may_go_read_only, state_read_only),
     Event("state_writable", 2, lambda inv: bool(inv.world.read_only), state_writable),
     Event("config_delete", 1, lambda inv: inv.model.target is not None, config_delete),

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from tests.soak.crash_agent import CRASH_EXIT
 from tests.soak.world import (
@@ -40,6 +40,7 @@ SETTLE_BOUND = 60.0
 DISCONNECT_GRACE = 2.0  # resources.disconnect_grace in world.SETTINGS
 STARTUP_GRACE = 3.0  # resources.startup_grace in world.SETTINGS
 REPORTER_GRACE = 2.0  # reporter.grace in world.SETTINGS
+TRIAL_DURATION = 20.0  # dynconfig.trial_duration in world.SETTINGS
 REPORTER_CHECKPOINT = "reporter_manager_checkpoint"  # the reporter store's checkpoint name
 CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
 RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
@@ -48,8 +49,13 @@ BASELINE_AFTER = 20.0  # seconds after READY before an agent's baseline sample
 WRITES_BASE = 20  # writes per minute with no event
 WRITES_PER_EVENT = 6  # writes per minute each event of the minute (or the one before) may add
 CRASH_INVARIANT = "a bad config is rolled back within its bound, named on the Node condition"
+SLOW_INVARIANT = (
+    "a slow-to-fail config is rolled back at run time, its reason named, the last-known-good run"
+)
 LOCAL_SCAN = 0.2  # plugins.scan_interval of the local config (world.SETTINGS)
 FOREIGN = "soak-foreign"
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -80,6 +86,11 @@ class Model:
     # after; a second exit means the agent ran a config it had rolled back).
     crash_hashes: dict[float, str] = field(default_factory=dict)
     crash_exits: Counter[float] = field(default_factory=Counter)
+    # Slow-to-fail configs (healthy until a pool changes, then its change held back past the
+    # bound): marker -> config hash, and the last-known-good the agent named during its trial
+    # (a hash, or "local"), the config it must run once it has rolled the slow one back.
+    slow_hashes: dict[float, str] = field(default_factory=dict)
+    slow_lkg: dict[float, str] = field(default_factory=dict)
     # node-a's checkpoint directory: read-only, and whether its reporter store has tried a
     # write since (a reporter's new value, in this agent process); after it is writable again,
     # whether it has written since (the failed write's problem is cleared by the next write).
@@ -101,7 +112,9 @@ class AgentRecord:
     samples: list[Sample] = field(default_factory=list)
     baseline: Sample | None = None
     writes: float = 0.0
-    rollback_seen: bool = False
+    # The rollbacks judged in this process (the config's hash, else the agent's words): each
+    # once, however many passes see it.
+    rollbacks_seen: set[str] = field(default_factory=set)
 
 
 def crash_difference(
@@ -118,6 +131,43 @@ def crash_difference(
         out.append(
             f"node-a: the Node condition says {reason}: {message}, want RolledBack naming the "
             f"crash-inducing config {marker} (hash {hash_})"
+        )
+    return out
+
+
+def slow_difference(
+    model: Model, marker: float, active_hash: str, scan: float, cond: dict[str, Any] | None
+) -> list[str]:
+    """Why a slow-to-fail config is not rolled back as it must be (empty: it is): the agent
+    does not run it, the Node condition is `RolledBack` naming its hash and the health signal
+    (resources not ready: a pool not published), and the agent runs the last-known-good it named
+    during the trial, a good config or the local one."""
+    out = []
+    hash_ = model.slow_hashes[marker]
+    if scan == marker:
+        out.append(f"node-a: runs the slow-to-fail config {marker}")
+    reason, message = (cond or {}).get("reason"), str((cond or {}).get("message"))
+    if reason != "RolledBack" or f"hash {hash_}" not in message:
+        out.append(
+            f"node-a: the Node condition says {reason}: {message}, want RolledBack naming the "
+            f"slow-to-fail config {marker} (hash {hash_})"
+        )
+    elif "component resources not ready" not in message or "not published" not in message:
+        out.append(
+            f"node-a: the Node condition names the slow-to-fail config {marker} but not its "
+            f"reason (component resources not ready: a pool not published): {message}"
+        )
+    lkg = model.slow_lkg.get(marker)
+    if lkg is None:
+        return out  # never seen on trial: the condition above says what the agent did
+    want = LOCAL_SCAN if lkg == "local" else model.hashes.get(lkg)
+    bad = {*model.invalid_markers, *model.crash_hashes, *model.slow_hashes}
+    if want is None or want in bad:
+        out.append(f"node-a: its last-known-good {lkg} is not a good config ({want})")
+    elif active_hash != lkg or scan != want:
+        out.append(
+            f"node-a: runs {active_hash} (scan_interval {scan}), want its last-known-good "
+            f"{lkg} ({want})"
         )
     return out
 
@@ -460,19 +510,26 @@ class Invariants:
             said = str(boot.get("reason"))
         elif dyn.get("reason") == "RolledBack":
             said = str(dyn.get("message"))
-        if said and not rec.rollback_seen:
-            rec.rollback_seen = True
-            # Which config: the hash the agent names, else the last good one assigned.
-            named = re.search(r"hash ([0-9a-f]{16})", said)
+        # Which config: the hash the agent names, else the last good one assigned.
+        named = re.search(r"hash ([0-9a-f]{16})", said)
+        key = named.group(1) if named else said
+        if said and key not in rec.rollbacks_seen:
+            rec.rollbacks_seen.add(key)
             m = self.model.hashes.get(named.group(1) if named else "", self.model.last_good)
             if m is not None:
                 self.model.rolled_back.add(m)
-            # A crash-inducing config is rolled back by design, as is one the soak killed.
-            allowed = m is not None and (m in self.model.at_risk or m in self.model.crash_hashes)
+            # A crash-inducing or slow-to-fail config is rolled back by design, as is one the
+            # soak killed.
+            model = self.model
+            allowed = m is not None and (
+                m in model.at_risk or m in model.crash_hashes or m in model.slow_hashes
+            )
             if allowed:
                 why = (
                     "it crashed the agent"
-                    if m in self.model.crash_hashes
+                    if m in model.crash_hashes
+                    else "it held a pool's changes back"
+                    if m in model.slow_hashes
                     else "the soak killed the agent during its trial"
                 )
                 self.out(f"note: step {self.step}: config {m} rolled back, {why} (allowed): {said}")
@@ -551,6 +608,9 @@ class Invariants:
                     out.append(f"{node}: {mine}, want ConfigInvalid")
             elif model.target == "crash":
                 out += crash_difference(model.marker, model.crash_hashes[model.marker], scan, cond)
+            elif model.target == "slow":
+                active = (dyn.get("active") or {}).get("hash", "")
+                out += slow_difference(model, model.marker, active, scan, cond)
             elif model.marker in model.rolled_back:
                 if scan == model.marker:
                     out.append(f"{node}: runs the rolled-back config {scan} ({mine})")
@@ -573,6 +633,8 @@ class Invariants:
             if self.model.target == "crash":
                 # Measured from the assignment, the crash and the restart it causes included.
                 name, start = CRASH_INVARIANT, since
+            elif self.model.target == "slow":
+                name = SLOW_INVARIANT
             if not last:
                 self.checks[name] += 1
                 return time.monotonic() - since
@@ -584,6 +646,21 @@ class Invariants:
                 )
                 return None
             time.sleep(0.5)
+
+    def wait_for(self, check: Callable[[], T | None], bound: float) -> T | None:
+        """Check continuously (the *always* invariants too) until ``check`` answers, at most
+        ``bound`` seconds: its answer, or None (the convergence check then says what differs).
+        For an event that must see the agent do something before it goes on."""
+        end = time.monotonic() + bound
+        while True:
+            try:
+                got = check()
+            except (ApiDown, OSError, RuntimeError, ValueError, KeyError):
+                got = None  # the apiserver or the agent restarting: not observable now
+            if got is not None or time.monotonic() > end:
+                return got
+            self.always()
+            time.sleep(0.2)
 
     def watch(self, seconds: float) -> None:
         """Continuous checks for ``seconds`` (the quiet time between two events)."""

@@ -19,6 +19,7 @@ from tests.soak.invariants import (
     pool_problems,
     published,
     reporter_difference,
+    slow_difference,
     state_difference,
     writes_of,
 )
@@ -100,6 +101,28 @@ def test_a_crash_inducing_config_not_rolled_back_is_seen() -> None:
     assert crash_difference(0.9, "abc", 0.3, None)  # no condition
     assert crash_difference(0.9, "abc", 0.3, {**named, "reason": "Active"})
     assert crash_difference(0.9, "def", 0.3, named)  # another config named
+
+
+def test_a_slow_config_not_rolled_back_as_it_must_be_is_seen() -> None:
+    model = Model(slow_hashes={0.8: "abc"}, slow_lkg={0.8: "def"}, hashes={"def": 0.3})
+    why = "component resources not ready for 10s (bound 10s): pool p of driver d not published"
+    named = {
+        "reason": "RolledBack",
+        "message": f"NodeAgentConfig soak (hash abc) rolled back: {why}; running ...",
+    }
+    assert slow_difference(model, 0.8, "def", 0.3, named) == []
+    assert slow_difference(model, 0.8, "abc", 0.8, named)  # still running it
+    assert slow_difference(model, 0.8, "def", 0.3, None)  # no condition
+    assert slow_difference(model, 0.8, "def", 0.3, {**named, "reason": "OnTrial"})
+    crashed = {**named, "message": "NodeAgentConfig soak (hash abc) rolled back: it died"}
+    assert slow_difference(model, 0.8, "def", 0.3, crashed)  # another reason named
+    assert slow_difference(model, 0.8, "local", 0.2, named)  # not its last-known-good
+    model.slow_lkg[0.8] = "local"
+    assert slow_difference(model, 0.8, "local", 0.2, named) == []
+    model.slow_lkg[0.8] = "ghi"  # a last-known-good the soak never assigned as good
+    assert slow_difference(model, 0.8, "ghi", 0.3, named)
+    model.hashes["ghi"], model.invalid_markers = 0.6, {0.6}  # an invalid config's
+    assert slow_difference(model, 0.8, "ghi", 0.6, named)
 
 
 def test_a_reporter_missing_from_the_cnr_or_left_past_its_grace_is_seen(tmp_path: Path) -> None:

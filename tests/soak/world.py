@@ -47,13 +47,17 @@ MANAGED_BY = "app.kubernetes.io/managed-by"
 
 # Time-compressed settings (the process tests' values, or shorter): a trial of 20 s, plugin
 # probes every 0.5 s, a gone plugin's slices kept 2 s, leftovers of plugins that never came back
-# deleted 3 s after a start. Everything else is the shipped default.
+# deleted 3 s after a start, a pool unpublished for 2 s a health signal. Everything else is the
+# shipped default.
 SETTINGS = (
     "dynconfig.trial_duration=20",
     "dynconfig.health_interval=0.5",
     "dynconfig.unready_bound=10",
     "resources.disconnect_grace=2",
     "resources.startup_grace=3",
+    # A pool unpublished this long turns `resources` not ready (shipped: 120 s, longer than
+    # the trial): a slow-to-fail config is then rolled back within its trial.
+    "resources.publish_failure_bound=2",
     "reporter.grace=2",
     "plugins.scan_interval=0.2",
     "plugins.probe_interval=0.5",
