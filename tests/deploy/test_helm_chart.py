@@ -398,13 +398,21 @@ def _host_mounts(spec: dict[str, Any], container: dict[str, Any]) -> dict[str, d
     }
 
 
+# The runtime directory's hostPath (daemonset.hostRuntimeDir), in every pod.
+RUNTIME = {"/run/nodeagent": {"path": "/run/nodeagent", "type": "DirectoryOrCreate"}}
+
+
 def test_by_default_the_agent_watches_its_own_registry_only() -> None:
     spec, container = _pod(template())
     assert _registry_arg(container) == "/var/lib/nodeagent/plugins_registry"
-    assert _host_mounts(spec, container) == {
-        "/var/lib/nodeagent": {"path": "/var/lib/nodeagent", "type": "DirectoryOrCreate"}
-    }
-    assert [v["name"] for v in spec["volumes"]] == ["state", "tmp"]
+    assert (
+        _host_mounts(spec, container)
+        == {"/var/lib/nodeagent": {"path": "/var/lib/nodeagent", "type": "DirectoryOrCreate"}}
+        | RUNTIME
+    )
+    assert [v["name"] for v in spec["volumes"]] == ["state", "runtime", "tmp"]
+    # agent.runtime_dir, where dynconfig keeps its state while the state dir is read-only.
+    assert {"name": "RUNTIME_DIRECTORY", "value": "/run/nodeagent"} in container["env"]
 
 
 @pytest.mark.parametrize("watch", [False, True])
@@ -425,7 +433,7 @@ def test_kubelet_plugins_mount_the_kubelets_directories(watch: bool, kubelet_dir
         for sub in ("plugins", "plugins_registry")
     }
     state = {"/var/lib/agent": {"path": "/var/lib/agent", "type": "DirectoryOrCreate"}}
-    assert _host_mounts(spec, container) == state | kubelet
+    assert _host_mounts(spec, container) == state | RUNTIME | kubelet
     registry = f"{kubelet_dir if watch else '/var/lib/agent'}/plugins_registry"
     assert _registry_arg(container) == registry
     assert "--state-dir=/var/lib/agent" in container["args"]
