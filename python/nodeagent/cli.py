@@ -229,21 +229,21 @@ def _status_address(args: argparse.Namespace) -> str:
 def cmd_status(args: argparse.Namespace) -> int:
     import urllib.request
 
-    from nodeagent.service import status
+    from nodeagent.service import cli_view
 
     address = _status_address(args)
     # The ops endpoint is the node's own: never through http_proxy/HTTPS_PROXY (common on
     # nodes), which would report a running agent unreachable. urlopen uses this opener.
     urllib.request.install_opener(urllib.request.build_opener(urllib.request.ProxyHandler({})))
     try:
-        doc = status.fetch(address, "/v1/status", args.timeout)
-        plugins = status.fetch(address, "/v1/plugins", args.timeout)
-    except status.Unreachable as exc:
+        doc = cli_view.fetch(address, "/v1/status", args.timeout)
+        plugins = cli_view.fetch(address, "/v1/plugins", args.timeout)
+    except cli_view.Unreachable as exc:
         _error(f"cannot reach the agent's ops endpoint: {exc}")
-        return status.EXIT_UNREACHABLE
+        return cli_view.EXIT_UNREACHABLE
     try:
-        writes = status.fetch(address, "/v1/writes", args.timeout)
-    except status.Unreachable:
+        writes = cli_view.fetch(address, "/v1/writes", args.timeout)
+    except cli_view.Unreachable:
         writes = None  # an agent from before the dry run: it writes for real
     # What plugins sent (names, errors) is shown escaped: JSON escapes controls itself but for
     # DEL; the table escapes every cell and, here, everything else but its own line breaks.
@@ -254,8 +254,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         text = json.dumps(views, indent=2) + "\n"
         _output(text.replace("\x7f", "\\u007f"))
     else:
-        _output(escape_control(status.render(doc, plugins) + render_writes(writes), keep="\n"))
-    return status.exit_code(doc)
+        _output(escape_control(cli_view.render(doc, plugins) + render_writes(writes), keep="\n"))
+    return cli_view.exit_code(doc)
 
 
 def render_writes(view: Any) -> str:
@@ -264,7 +264,7 @@ def render_writes(view: Any) -> str:
     the whole diffs are in ``--json`` and /v1/writes."""
     if not isinstance(view, dict) or not view.get("dry_run"):
         return ""
-    from nodeagent.service.status import table
+    from nodeagent.service.cli_view import table
 
     writes = [w for w in view.get("writes") or [] if isinstance(w, dict)]
     head = (

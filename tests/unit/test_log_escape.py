@@ -59,13 +59,13 @@ def test_escaped_text_log_line_keeps_its_fields_parseable(
 
 
 def test_status_table_escapes_what_plugins_sent() -> None:
-    from nodeagent.service import status
+    from nodeagent.service import cli_view
 
     doc = {"ready": True, "components": [{"name": "plugins", "ready": True, "reason": HOSTILE}]}
     plugins = [
         {"name": HOSTILE, "type": "ReporterPlugin", "state": "registered", "last_error": HOSTILE}
     ]
-    text = status.render(doc, plugins)
+    text = cli_view.render(doc, plugins)
     assert _safe(text.replace("\n", "")), repr(text)
     row = next(line for line in text.splitlines() if line.startswith("evil"))
     assert row.startswith("evil\\x1b[2J name\\x07\\x7f\\x9b31m forged=1\\u202etxt  ReporterPlugin")

@@ -48,8 +48,8 @@ from nodeagent.service.metrics import BUILD_INFO, CONFIG_RELOADS
 from nodeagent.service.ops import OpsServer
 from nodeagent.service.sdnotify import SystemdNotifier
 from nodeagent.service.settings import AgentSettings
-from nodeagent.service.status import config_document
 from nodeagent.service.supervisor import ComponentReport, Supervisor
+from nodeagent.service.views import config_document
 
 log = get_logger(__name__)
 

@@ -68,3 +68,27 @@ def json_default(value: object) -> object:
             return shown["value"]
         return {"base64": shown["value_base64"], "note": shown["value_note"]}
     return str(value)
+
+
+def config_document(effective: dict[str, Any], dynamic: dict[str, Any] | None) -> dict[str, Any]:
+    """The /v1/config document: the effective configuration (what `check-config` prints) and,
+    with dynamic configuration on, where it came from: assigned / active / last-known-good
+    (hash, name, since), the reloaded file, the trial, and why they differ (`reason` and
+    `message` of the NodeAgentConfigOK condition, `differ` one line per difference)."""
+    if dynamic is None:
+        return {"effective": effective, "dynamic": None}
+    condition = dynamic.get("condition") or {}
+    return {
+        "effective": effective,
+        "dynamic": {
+            "assigned": dynamic.get("assigned"),
+            "active": dynamic.get("active"),
+            "last_known_good": dynamic.get("last_known_good"),
+            "file": dynamic.get("file"),
+            "trial": dynamic.get("trial"),
+            "boot": dynamic.get("boot"),
+            "reason": condition.get("reason"),
+            "message": condition.get("message"),
+            "differ": dynamic.get("differ") or [],
+        },
+    }

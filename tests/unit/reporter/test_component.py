@@ -19,7 +19,7 @@ from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.component import ReporterComponent, cnr_summary
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
 from nodeagent.reporter.settings import ReporterSettings
-from nodeagent.service.status import render
+from nodeagent.service.cli_view import render
 
 
 def response(*fields: tuple[pb.FieldType, str, object]) -> pb.GetReportContentResponse:

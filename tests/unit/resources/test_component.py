@@ -154,7 +154,7 @@ async def test_readiness_counts_without_building_the_slices(
 
 
 def test_status_names_the_dropped_fields_and_a_refused_pool() -> None:
-    from nodeagent.service.status import render
+    from nodeagent.service.cli_view import render
 
     rows = [
         {

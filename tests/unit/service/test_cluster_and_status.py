@@ -8,8 +8,8 @@ import trio.testing
 
 from nodeagent.core.errors import ConfigError
 from nodeagent.kube.settings import KubeSettings
+from nodeagent.service.cli_view import exit_code, render, table
 from nodeagent.service.cluster import STANDALONE_REASON, ClusterComponent
-from nodeagent.service.status import exit_code, render, table
 
 
 class FakeClient:

@@ -17,8 +17,8 @@ from nodeagent.service.http import Request
 from nodeagent.service.ops import OpsServer, readyz_response
 from nodeagent.service.opsconn import ConnectionSlots
 from nodeagent.service.settings import OpsSettings
-from nodeagent.service.status import config_document
 from nodeagent.service.supervisor import ComponentReport
+from nodeagent.service.views import config_document
 
 OK = ComponentReport("plugins", True, "2 plugins registered", "running", 0, None)
 DOWN = ComponentReport("kube", False, "failed: boom", "backoff", 3, "boom", 1.5)

@@ -1,4 +1,4 @@
-"""`nodeagent status`: the ops endpoint's /v1 views as a readable table."""
+"""The CLI's view: `nodeagent status` shows the ops endpoint's /v1 views as a readable table."""
 
 from __future__ import annotations
 
@@ -197,30 +197,6 @@ def _dynconfig_lines(dyn: dict[str, Any] | None) -> list[str]:
         )
     lines += [f"  {why}" for why in dyn.get("differ") or []]
     return lines
-
-
-def config_document(effective: dict[str, Any], dynamic: dict[str, Any] | None) -> dict[str, Any]:
-    """The /v1/config document: the effective configuration (what `check-config` prints) and,
-    with dynamic configuration on, where it came from: assigned / active / last-known-good
-    (hash, name, since), the reloaded file, the trial, and why they differ (`reason` and
-    `message` of the NodeAgentConfigOK condition, `differ` one line per difference)."""
-    if dynamic is None:
-        return {"effective": effective, "dynamic": None}
-    condition = dynamic.get("condition") or {}
-    return {
-        "effective": effective,
-        "dynamic": {
-            "assigned": dynamic.get("assigned"),
-            "active": dynamic.get("active"),
-            "last_known_good": dynamic.get("last_known_good"),
-            "file": dynamic.get("file"),
-            "trial": dynamic.get("trial"),
-            "boot": dynamic.get("boot"),
-            "reason": condition.get("reason"),
-            "message": condition.get("message"),
-            "differ": dynamic.get("differ") or [],
-        },
-    }
 
 
 def exit_code(status: dict[str, Any]) -> int:
