@@ -93,7 +93,11 @@ def test_cannot_bind_ops_port_is_fatal(start_agent: StartAgent) -> None:
 def test_watchdog_stops_while_the_loop_is_blocked(start_agent: StartAgent, tmp_path: Path) -> None:
     block = tmp_path / "block-loop"
     # WATCHDOG_USEC = 0.4 s: a ping every 0.2 s.
-    agent = start_agent(env={"NODEAGENT_DEBUG_BLOCK_LOOP_FILE": str(block)}, watchdog_usec=400_000)
+    agent = start_agent(
+        env={"NODEAGENT_TEST_BLOCK_LOOP_FILE": str(block)},
+        watchdog_usec=400_000,
+        launcher="tests.support.hooked_agent",
+    )
     agent.wait_ready()
     healthy = agent.notify.collect(1.0)
     assert sum("WATCHDOG" in f for _, f in healthy) >= 3
@@ -118,7 +122,10 @@ def test_watchdog_stops_while_the_loop_is_blocked(start_agent: StartAgent, tmp_p
 
 def test_second_sigint_exits_at_once(start_agent: StartAgent) -> None:
     agent = start_agent(
-        "--set", "agent.shutdown_timeout=60", env={"NODEAGENT_DEBUG_HANG_SHUTDOWN": "1"}
+        "--set",
+        "agent.shutdown_timeout=60",
+        env={"NODEAGENT_TEST_HANG_SHUTDOWN": "1"},
+        launcher="tests.support.hooked_agent",
     )
     agent.wait_ready()
     agent.signal(signal.SIGINT)
@@ -132,7 +139,10 @@ def test_second_sigint_exits_at_once(start_agent: StartAgent) -> None:
 
 def test_shutdown_is_bounded_by_the_deadline(start_agent: StartAgent) -> None:
     agent = start_agent(
-        "--set", "agent.shutdown_timeout=1", env={"NODEAGENT_DEBUG_HANG_SHUTDOWN": "1"}
+        "--set",
+        "agent.shutdown_timeout=1",
+        env={"NODEAGENT_TEST_HANG_SHUTDOWN": "1"},
+        launcher="tests.support.hooked_agent",
     )
     agent.wait_ready()
     started = time.monotonic()

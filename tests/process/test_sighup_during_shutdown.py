@@ -16,7 +16,8 @@ def test_sighup_after_sigterm_is_ignored(start_agent: StartAgent, tmp_path: Path
         config="[plugins]\nscan_interval = 5.0\n",
         # A shutdown hook that holds the shutdown open until its deadline: the SIGHUP lands
         # while the agent is stopping, not after it exited.
-        env={"NODEAGENT_DEBUG_HANG_SHUTDOWN": "1"},
+        env={"NODEAGENT_TEST_HANG_SHUTDOWN": "1"},
+        launcher="tests.support.hooked_agent",
     )
     agent.wait_ready()
     (tmp_path / "config-0.toml").write_text("[plugins]\nscan_interval = 7.0\n")

@@ -39,7 +39,6 @@ from nodeagent.plugins import PluginManager
 from nodeagent.reporter.component import ReporterComponent, cnr_summary
 from nodeagent.resources.component import ResourcesComponent, slice_summary
 from nodeagent.rpc.bridge import open_grpc_bridge
-from nodeagent.service import debug
 from nodeagent.service.cluster import ClusterComponent
 from nodeagent.service.config import Config, ConfigBuilder
 from nodeagent.service.confighub import ConfigHub
@@ -170,7 +169,7 @@ class Agent:
         self.early_signals: list[int] = []
         self.last_reload: dict[str, Any] | None = None
         self.notifier = notifier or SystemdNotifier.from_env()
-        self.heartbeat = Heartbeat.from_env(
+        self.heartbeat = Heartbeat(
             config.agent.heartbeat_interval,
             self.notifier,
             stale_after=config.agent.healthz_stale_after,
@@ -188,8 +187,6 @@ class Agent:
         self.resources_component: ResourcesComponent | None = None
         self.reporter_component: ReporterComponent | None = None
         self.shutdown_hooks: list[ShutdownHook] = []
-        if debug.hang_shutdown():
-            self.shutdown_hooks.append(debug.hanging_shutdown_hook)
         self.shutdown_complete = True
         self.started_wall = time.time()
         self.started_at: float | None = None

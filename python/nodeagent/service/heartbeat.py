@@ -6,17 +6,10 @@ stuck, the ping stops and systemd restarts the agent.
 
 from __future__ import annotations
 
-import os
-import time
-
 import trio
 
-from nodeagent.log import get_logger
-from nodeagent.service import debug
 from nodeagent.service.metrics import LOOP_LAG
 from nodeagent.service.sdnotify import SystemdNotifier
-
-log = get_logger(__name__)
 
 
 class Heartbeat:
@@ -26,27 +19,14 @@ class Heartbeat:
         notifier: SystemdNotifier,
         *,
         stale_after: float,
-        block_file: str | None = None,
     ) -> None:
         self.interval = interval
         self.stale_after = stale_after
         self.notifier = notifier
-        self.block_file = block_file
         self.last_tick: float | None = None
         self.last_lag = 0.0
         self.ticks = 0
         self.watchdog_pings = 0
-
-    @classmethod
-    def from_env(
-        cls, interval: float, notifier: SystemdNotifier, *, stale_after: float
-    ) -> Heartbeat:
-        return cls(
-            interval,
-            notifier,
-            stale_after=stale_after,
-            block_file=debug.block_loop_file(),
-        )
 
     def liveness(self) -> tuple[bool, float | None]:
         """(alive, seconds since the last tick)."""
@@ -80,13 +60,3 @@ class Heartbeat:
     def _tick(self, now: float) -> None:
         self.last_tick = now
         self.ticks += 1
-        # TEST-ONLY hook (see service/debug.py): simulate a stuck loop.
-        if self.block_file is not None and os.path.exists(self.block_file):
-            log.warning("debug hook: blocking the main loop", file=self.block_file)
-            # Tells a test the loop is now blocked: every ping before it has been sent.
-            blocked = debug.blocked_marker(self.block_file)
-            with open(blocked, "w"):
-                pass
-            while os.path.exists(self.block_file):
-                time.sleep(0.05)  # deliberately blocking: this simulates a stuck loop
-            os.unlink(blocked)
