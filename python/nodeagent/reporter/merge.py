@@ -1,5 +1,6 @@
 """The CNR merge: every plugin's report fields folded into one CustomNodeResource, as Katalyst's
-CNR reporter does (`reporter/manager.go` PushContents, `cnrreporter.go` setCNR, `pkg/util/cnr.go`
+CNR reporter does (kubewharf/katalyst-core `pkg/agent/resourcemanager/reporter/manager.go`
+PushContents, `pkg/agent/resourcemanager/reporter/cnr/cnrreporter.go` setCNR, `pkg/util/cnr.go`
 reviseCNR), with its gaps fixed.
 
 Kept from Katalyst:
@@ -22,7 +23,8 @@ Fixed:
   keys): the merge yields only the keys reported, and server-side apply keeps the rest;
 - zones are normalised at every level (Katalyst sorts attributes with a typo'd comparator over
   Go map order, and leaves the children of a zone reported once unsorted);
-- quantities are canonicalised (`nodeagent.core.k8s`), so equal values compare equal.
+- quantities are canonicalised (`nodeagent._native.quantity_canonical`, rust/src/quantity.rs), so
+  equal values compare equal.
 
 The result holds only what plugins report: `nodeagent.reporter.cnr` applies it with server-side
 apply, which removes what this agent reported before and no longer does.
