@@ -34,6 +34,7 @@ __all__ = [
     "Trial",
     "bad_file",
     "load",
+    "load_runtime",
     "save",
 ]
 
