@@ -22,7 +22,6 @@ Run: .venv/bin/python -m pytest benches/bench_looplag.py --benchmark-only
 from __future__ import annotations
 
 import gc
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -33,7 +32,7 @@ import msgspec
 import pytest
 import trio
 
-from benches.report import print_uncaptured
+from benches.report import latencies, latency_line, print_uncaptured, ratio_line
 from nodeagent.accumulator.settings import AccumulatorSettings
 from nodeagent.core.component import Readiness
 from nodeagent.core.latest import LatestValue
@@ -193,12 +192,8 @@ async def run(baseline: bool) -> dict[str, float]:
         nursery.cancel_scope.cancel()
     gc.unfreeze()
     sys.setswitchinterval(switch_interval)
-    lags.sort()
     return {
-        "p50_ms": statistics.median(lags) * 1e3,
-        "p99_ms": lags[int(len(lags) * 0.99)] * 1e3,
-        "max_ms": lags[-1] * 1e3,
-        "samples": float(len(lags)),
+        **latencies(lags),
         "updates": float(calls["updates"]),
         "polls": float(calls["polls"]),
     }
@@ -220,15 +215,9 @@ def print_results(write: Callable[[str], None]) -> None:
         f"updating at {UPDATE_HZ:.0f} Hz, /readyz + /v1/status at {POLL_HZ:.0f} Hz, {SECONDS:.0f} s"
     )
     for name, r in (("ours", ours), ("baseline", base)):
-        write(
-            f"  {name:<8}: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  max "
-            f"{r['max_ms']:7.1f} ms  ({r['samples']:.0f} samples, {r['updates']:.0f} updates, "
-            f"{r['polls']:.0f} polls)"
-        )
-    write(
-        f"  ratio baseline/ours: p99 {base['p99_ms'] / ours['p99_ms']:.1f}x, max "
-        f"{base['max_ms'] / ours['max_ms']:.1f}x (target: ours p99 < 10 ms)"
-    )
+        more = f"{r['samples']:.0f} samples, {r['updates']:.0f} updates, {r['polls']:.0f} polls"
+        write(latency_line(name, r, more))
+    write(ratio_line(base, ours, "ours p99 < 10 ms"))
 
 
 @pytest.mark.parametrize("variant", ["ours", "baseline"])

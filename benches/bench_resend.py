@@ -29,7 +29,6 @@ import os
 import re
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ from typing import Any
 import pytest
 import trio
 
-from benches.report import percentile, print_uncaptured
+from benches.report import latencies, latency_line, print_uncaptured, ratio_line
 
 DEVICES = 8192
 RESEND_HZ = 10.0
@@ -163,11 +162,11 @@ def run(variant: str) -> dict[str, float]:
         else:
             _wait(lambda: _messages(ops) >= 10, "the agent receiving the plugin's messages")
         before, start = _messages(ops), time.perf_counter()
-        latencies: list[float] = []
+        probes: list[float] = []  # seconds per /healthz
         end = start + SECONDS
         while (now := time.perf_counter()) < end:
             _get(f"{ops}/healthz")
-            latencies.append(time.perf_counter() - now)
+            probes.append(time.perf_counter() - now)
             time.sleep(max(0.0, now + 1 / POLL_HZ - time.perf_counter()))
         received = _messages(ops) - before
         elapsed = time.perf_counter() - start
@@ -182,13 +181,7 @@ def run(variant: str) -> dict[str, float]:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(work, ignore_errors=True)
-    return {
-        "p50_ms": statistics.median(latencies) * 1e3,
-        "p99_ms": percentile(latencies, 0.99) * 1e3,
-        "max_ms": max(latencies) * 1e3,
-        "samples": float(len(latencies)),
-        "messages_per_s": received / elapsed,
-    }
+    return {**latencies(probes), "messages_per_s": received / elapsed}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -207,17 +200,11 @@ def print_results(write: Callable[[str], None]) -> None:
         f"inventory at {RESEND_HZ:.0f} Hz, {SECONDS:.0f} s"
     )
     for name, r in RESULTS.items():
-        write(
-            f"  {name:<8}: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  max "
-            f"{r['max_ms']:7.1f} ms  ({r['samples']:.0f} probes, "
-            f"{r['messages_per_s']:.1f} messages/s counted)"
-        )
+        more = f"{r['samples']:.0f} probes, {r['messages_per_s']:.1f} messages/s counted"
+        write(latency_line(name, r, more))
     if not ours or not base:
         return
-    write(
-        f"  ratio baseline/ours: p99 {base['p99_ms'] / ours['p99_ms']:.1f}x, max "
-        f"{base['max_ms'] / ours['max_ms']:.1f}x (target: ours p99 of a few ms)"
-    )
+    write(ratio_line(base, ours, "ours p99 of a few ms"))
 
 
 @pytest.mark.parametrize("variant", ["ours", "baseline", "idle"])

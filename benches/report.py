@@ -1,10 +1,12 @@
 """What the bench modules share: the side-by-side summary printed after a module's last benchmark,
-a client of the bench's own apiserver, and percentiles."""
+a client of the bench's own apiserver, percentiles, and the latency figures of a run (loop lag,
+probe latency) with their report lines."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Mapping
 
 import pytest
 
@@ -29,3 +31,29 @@ def client_for(srv: ApiServer, identity: str) -> KubeClient:
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def latencies(values: list[float]) -> dict[str, float]:
+    """The figures of a run's latencies (seconds): p50, p99 and max in ms, and the sample count."""
+    return {
+        "p50_ms": statistics.median(values) * 1e3,
+        "p99_ms": percentile(values, 0.99) * 1e3,
+        "max_ms": max(values) * 1e3,
+        "samples": float(len(values)),
+    }
+
+
+def latency_line(name: str, r: Mapping[str, float], more: str) -> str:
+    """One variant's line of `latencies` figures; `more` in parentheses after them."""
+    return (
+        f"  {name:<8}: p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  max "
+        f"{r['max_ms']:7.1f} ms  ({more})"
+    )
+
+
+def ratio_line(base: Mapping[str, float], ours: Mapping[str, float], target: str) -> str:
+    """How much lower our p99 and max are than the baseline's, and the target."""
+    return (
+        f"  ratio baseline/ours: p99 {base['p99_ms'] / ours['p99_ms']:.1f}x, max "
+        f"{base['max_ms'] / ours['max_ms']:.1f}x (target: {target})"
+    )
