@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -337,13 +335,6 @@ async def run_load(srv: ApiServer, registry: str) -> dict[str, float]:
         "idle_cpu_s": idle,
         "idle_cpu_pct": idle / LOAD_SECONDS * 100,
     }
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-bc-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_agent_push_to_visible(benchmark: Any, apiserver: ApiServer, registry: str) -> None:

@@ -31,10 +31,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -348,13 +346,6 @@ async def _run_asyncio(plugins: int, directory: str) -> Result:
 results: dict[str, tuple[float, float, float]] = {}
 
 
-@pytest.fixture
-def directory() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-bench-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.fixture(autouse=True)
 def _switch_interval() -> Iterator[None]:
     default = sys.getswitchinterval()
@@ -400,13 +391,13 @@ def _record(key: str, elapsed: float, latencies: list[float], plugins: int) -> N
 
 
 @pytest.mark.parametrize("plugins", PLUGIN_COUNTS)
-def test_bridge_manager_stream_throughput(benchmark: Any, directory: str, plugins: int) -> None:
+def test_bridge_manager_stream_throughput(benchmark: Any, registry: str, plugins: int) -> None:
     runs: list[Result] = []
 
     def run() -> None:
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        runs.append(trio.run(_run_bridge, plugins, directory))
+        for name in os.listdir(registry):
+            os.unlink(os.path.join(registry, name))
+        runs.append(trio.run(_run_bridge, plugins, registry))
 
     benchmark.group = f"plugin-stream-{plugins}"
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -417,14 +408,14 @@ def test_bridge_manager_stream_throughput(benchmark: Any, directory: str, plugin
 
 @pytest.mark.parametrize("plugins", PLUGIN_COUNTS)
 def test_guest_bridge_manager_stream_throughput(
-    benchmark: Any, directory: str, plugins: int
+    benchmark: Any, registry: str, plugins: int
 ) -> None:
     runs: list[Result] = []
 
     def run() -> None:
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        runs.append(_run_guest(plugins, directory))
+        for name in os.listdir(registry):
+            os.unlink(os.path.join(registry, name))
+        runs.append(_run_guest(plugins, registry))
 
     benchmark.group = f"plugin-stream-{plugins}"
     benchmark.pedantic(run, rounds=1, iterations=1)
@@ -435,14 +426,14 @@ def test_guest_bridge_manager_stream_throughput(
 
 @pytest.mark.parametrize("plugins", PLUGIN_COUNTS)
 def test_plain_asyncio_grpclib_stream_throughput(
-    benchmark: Any, directory: str, plugins: int
+    benchmark: Any, registry: str, plugins: int
 ) -> None:
     runs: list[Result] = []
 
     def run() -> None:
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        runs.append(asyncio.run(_run_asyncio(plugins, directory)))
+        for name in os.listdir(registry):
+            os.unlink(os.path.join(registry, name))
+        runs.append(asyncio.run(_run_asyncio(plugins, registry)))
 
     benchmark.group = f"plugin-stream-{plugins}"
     benchmark.pedantic(run, rounds=1, iterations=1)

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
@@ -312,13 +310,6 @@ async def run_flap(srv: ApiServer, registry: str, modules: str) -> dict[str, flo
         "idle_cpu_pct": idle / FLAP_SECONDS * 100,
         "cpu_ms_per_update": cpu / sent * 1e3,
     }
-
-
-@pytest.fixture
-def registry() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="na-bp-", dir="/tmp")  # unix socket paths are short
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

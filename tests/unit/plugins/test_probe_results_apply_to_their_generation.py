@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import socket as _socket
-from collections.abc import Callable
 from pathlib import Path
 
 import trio
@@ -24,14 +23,9 @@ from tests.support.fake_plugins import (
     listen,
     settings,
 )
+from tests.support.wait import wait_until
 
 PROBE_INTERVAL = 5.0
-
-
-async def until(manager: PluginManager, predicate: Callable[[], bool]) -> None:
-    with trio.fail_after(600):  # virtual seconds
-        while not predicate():
-            await manager.changes.wait_newer(manager.changes.version)
 
 
 def recreate(path: Path) -> _socket.socket:
@@ -67,7 +61,9 @@ async def test_a_failed_probe_of_the_old_socket_does_not_deregister_its_replacem
     with listen(path) as old_socket:
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
-            await until(manager, lambda: status(manager)[0] == "registered")
+            await wait_until(
+                lambda: status(manager)[0] == "registered", "the plugin registered", timeout=600
+            )
             # The container is dying: one probe fails, the next hangs (up to the kubelet's
             # 30 s of dial and GetInfo) and fails only after the container restarted.
             old.error = RpcError("UNAVAILABLE", "container stopping")
@@ -76,7 +72,9 @@ async def test_a_failed_probe_of_the_old_socket_does_not_deregister_its_replacem
             old_socket.close()
             new = bridge.plugins[str(path)] = FakeRegistration(info())
             with recreate(path):
-                await until(manager, lambda: len(handler.registered) == 2)
+                await wait_until(
+                    lambda: len(handler.registered) == 2, "the new socket registered", timeout=600
+                )
                 assert status(manager) == ("registered", "")
                 assert len(handler.deregistered) == 1  # the old socket's: due
                 old.release.set()  # the old probe's failure arrives

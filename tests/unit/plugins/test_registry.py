@@ -2,22 +2,11 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from nodeagent.plugins.registry import ensure_registry_dir, scan_registry
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    import shutil
-    import tempfile
-
-    path = Path(tempfile.mkdtemp(prefix="na-scan-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _listen(path: Path) -> socket.socket:
@@ -26,41 +15,41 @@ def _listen(path: Path) -> socket.socket:
     return sock
 
 
-def test_scan_finds_sockets_recursively_and_ignores_the_rest(short_tmp: Path) -> None:
-    (short_tmp / "sub" / "deeper").mkdir(parents=True)
-    (short_tmp / ".hidden-dir").mkdir()
-    (short_tmp / "plain-file.sock").write_text("not a socket")
+def test_scan_finds_sockets_recursively_and_ignores_the_rest(registry: Path) -> None:
+    (registry / "sub" / "deeper").mkdir(parents=True)
+    (registry / ".hidden-dir").mkdir()
+    (registry / "plain-file.sock").write_text("not a socket")
     keep = [
-        _listen(short_tmp / "a.sock"),
-        _listen(short_tmp / "sub" / "deeper" / "b.sock"),
-        _listen(short_tmp / ".dot.sock"),
-        _listen(short_tmp / ".hidden-dir" / "c.sock"),
+        _listen(registry / "a.sock"),
+        _listen(registry / "sub" / "deeper" / "b.sock"),
+        _listen(registry / ".dot.sock"),
+        _listen(registry / ".hidden-dir" / "c.sock"),
     ]
-    os.symlink(short_tmp / "a.sock", short_tmp / "link.sock")
-    found = scan_registry(str(short_tmp))
+    os.symlink(registry / "a.sock", registry / "link.sock")
+    found = scan_registry(str(registry))
     assert sorted(found) == [
-        str(short_tmp / "a.sock"),
-        str(short_tmp / "sub" / "deeper" / "b.sock"),
+        str(registry / "a.sock"),
+        str(registry / "sub" / "deeper" / "b.sock"),
     ]
     for sock in keep:
         sock.close()
 
 
-def test_recreated_socket_gets_a_new_identity(short_tmp: Path) -> None:
-    path = short_tmp / "a.sock"
+def test_recreated_socket_gets_a_new_identity(registry: Path) -> None:
+    path = registry / "a.sock"
     first = _listen(path)
-    before = scan_registry(str(short_tmp))[str(path)]
-    assert scan_registry(str(short_tmp))[str(path)] == before
+    before = scan_registry(str(registry))[str(path)]
+    assert scan_registry(str(registry))[str(path)] == before
     first.close()
     path.unlink()
     second = _listen(path)
-    after = scan_registry(str(short_tmp))[str(path)]
+    after = scan_registry(str(registry))[str(path)]
     assert after != before
     second.close()
 
 
-def test_missing_root_raises_and_ensure_creates_it_private(short_tmp: Path) -> None:
-    root = short_tmp / "x" / "registry"
+def test_missing_root_raises_and_ensure_creates_it_private(registry: Path) -> None:
+    root = registry / "x" / "registry"
     with pytest.raises(FileNotFoundError):
         scan_registry(str(root))
     ensure_registry_dir(str(root))
