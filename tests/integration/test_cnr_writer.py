@@ -17,7 +17,7 @@ import trio
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings
 from nodeagent.core.latest import LatestValue
-from nodeagent.kube import CORE_EVENTS, KubeClient, errors
+from nodeagent.kube import CORE_EVENTS, EventRecorder, KubeClient, errors
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.cnr import CNR_RESOURCE, CnrWriter, cnr_query
 from nodeagent.reporter.merge import CNR_GROUP, CNR_KIND, CNR_VERSION
@@ -59,14 +59,17 @@ async def running_writer(
     client: KubeClient, node: str, reports: Reports, **settings: Any
 ) -> AsyncIterator[CnrWriter]:
     acc = Accumulator(client, [cnr_query(node)], AccumulatorSettings())
+    events = EventRecorder(node, client=client)
     writer = CnrWriter(
         node_name=node,
         reports=reports,
-        settings=ReporterSettings(**{"cnr_min_write_interval": 0.0, **settings}),
+        settings=LatestValue(ReporterSettings(**{"cnr_min_write_interval": 0.0, **settings})),
+        events=events,
         client=client,
         accumulator=acc,
     )
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(events.run)
         await nursery.start(acc.run)
         await nursery.start(writer.run)
         yield writer

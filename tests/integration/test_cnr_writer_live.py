@@ -11,7 +11,7 @@ import trio
 
 from nodeagent.accumulator import Accumulator, AccumulatorSettings
 from nodeagent.core.latest import LatestValue
-from nodeagent.kube import KubeClient
+from nodeagent.kube import EventRecorder, KubeClient
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as pb
 from nodeagent.reporter.cnr import CnrWriter, cnr_query
 from nodeagent.reporter.settings import ReporterSettings
@@ -37,7 +37,12 @@ async def test_a_shorter_write_interval_releases_a_held_write(admin_client: Kube
     live = LatestValue(ReporterSettings(cnr_min_write_interval=3600.0))
     acc = Accumulator(admin_client, [cnr_query(node)], AccumulatorSettings())
     writer = CnrWriter(
-        node_name=node, reports=reports, settings=live, client=admin_client, accumulator=acc
+        node_name=node,
+        reports=reports,
+        settings=live,
+        events=EventRecorder(node),  # not run: this test counts CNR writes only
+        client=admin_client,
+        accumulator=acc,
     )
     async with trio.open_nursery() as nursery:
         await nursery.start(acc.run)

@@ -192,17 +192,16 @@ class CnrWriter:
         *,
         node_name: str,
         reports: LatestValue[Mapping[str, PluginReport]],
-        settings: ReporterSettings | LatestValue[ReporterSettings],
+        settings: LatestValue[ReporterSettings],
+        events: EventRecorder,
         client: KubeClient | None = None,
         accumulator: Accumulator | None = None,
-        events: EventRecorder | None = None,
     ) -> None:
         if (client is None) != (accumulator is None):
             raise ValueError("CnrWriter: a client needs the CNR accumulator and vice versa")
         self.node_name = node_name
         self._reports = reports
-        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
-        settings = self._live.value
+        self._live = settings
         self._client = client
         self._acc = accumulator
         self._snap = _Snap()
@@ -215,16 +214,12 @@ class CnrWriter:
         self.writes = 0
         self._reported_bad: set[BadField] = set()
         self._backoff = Backoff(
-            settings.cnr_retry_initial, settings.cnr_retry_max, jitter=Jitter.below(0.5)
+            settings.value.cnr_retry_initial,
+            settings.value.cnr_retry_max,
+            jitter=Jitter.below(0.5),
         )
-        # The process's recorder (the process runs it), or one of our own over our client;
-        # standalone, none.
-        self._own_events = events is None and client is not None
-        if client is None:
-            events = None
-        elif events is None:
-            events = EventRecorder(node_name, client=client)
-        self._events = events
+        # The process's recorder (the process attaches and runs it); standalone, no Events.
+        self._events = events if client is not None else None
         # The reports version last merged, and the last one found on the server (or merged, when
         # standalone) with nothing left to write.
         self._merged_version = -1
@@ -245,8 +240,6 @@ class CnrWriter:
             nursery.start_soon(self._follow_reports)
             if self._acc is not None:
                 nursery.start_soon(self._follow_cnr)
-            if self._events is not None and self._own_events:
-                nursery.start_soon(self._events.run)
             task_status.started()
             await self._loop()
 

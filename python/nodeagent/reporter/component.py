@@ -151,7 +151,9 @@ class ReporterComponent:
         *,
         task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        writer = CnrWriter(node_name=self.node_name, reports=store.latest, settings=self._live)
+        writer = CnrWriter(
+            node_name=self.node_name, reports=store.latest, settings=self._live, events=self._events
+        )
         self.writer = writer
         with scope if scope is not None else trio.CancelScope():
             await writer.run(task_status=task_status)

@@ -101,7 +101,7 @@ class ReportStore:
     def __init__(
         self,
         plugins: LatestValue[Mapping[str, PluginData]],
-        settings: ReporterSettings | LatestValue[ReporterSettings],
+        settings: LatestValue[ReporterSettings],
         checkpoints: CheckpointStore | None,
         *,
         in_tree: Sequence[InTreeReporter] = (),
@@ -109,7 +109,7 @@ class ReportStore:
         run_sync: RunSync = _in_thread,
     ) -> None:
         self._plugins = plugins
-        self._live = settings if isinstance(settings, LatestValue) else LatestValue(settings)
+        self._live = settings
         self._checkpoints = checkpoints
         self._in_tree = list(in_tree)
         self._clock = clock

@@ -116,7 +116,7 @@ async def running(
     config.validate()
     store = ReportStore(
         channel.latest,
-        config,
+        LatestValue(config),
         checkpoints,
         in_tree=in_tree,  # type: ignore[arg-type]
         clock=clock or Clock(),

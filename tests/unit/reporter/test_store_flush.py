@@ -13,6 +13,7 @@ import trio
 import trio.testing
 
 from nodeagent.checkpoint import CheckpointStore
+from nodeagent.core.latest import LatestValue
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.reporter.store import CHECKPOINT_NAME, ReportStore, decode_checkpoint
 from tests.unit.reporter.test_store import GRACE, Channel, Clock, settle
@@ -36,7 +37,7 @@ async def test_a_change_pending_at_stop_is_checkpointed(
     channel = Channel()
     store = ReportStore(
         channel.latest,
-        ReporterSettings(grace=GRACE, sync_interval=5.0),
+        LatestValue(ReporterSettings(grace=GRACE, sync_interval=5.0)),
         checkpoints,
         clock=Clock(),
         run_sync=slow_io,

@@ -249,7 +249,9 @@ async def test_the_store_runs_the_system_reporter_as_an_in_tree_plugin(
     root = fake_tree(
         tmp_path, online="0-1", sockets={0: 0, 1: 0}, nodes={0: ("0-1", GIB_KB)}, memtotal_kb=GIB_KB
     )
-    store = ReportStore(LatestValue({}), ReporterSettings(), None, in_tree=[SystemReporter(root)])
+    store = ReportStore(
+        LatestValue({}), LatestValue(ReporterSettings()), None, in_tree=[SystemReporter(root)]
+    )
     async with trio.open_nursery() as nursery:
         await nursery.start(store.run)
         report = store.latest.value[SYSTEM_REPORTER_NAME]
