@@ -45,7 +45,7 @@ from nodeagent.reporter.merge import (
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.rpc import open_grpc_bridge
 from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reporter import ReportItem
+from nodeagent.sdk.reports import ReportItem
 from tests.plugins.conftest import fast_settings
 from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.crds import install_cnr_crd

@@ -75,7 +75,7 @@ DRIVER = "gpu.deploy.example.com"
 REPORTER = """
 import sys, trio
 from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reporter import ReportItem
+from nodeagent.sdk.reports import ReportItem
 GVK = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")
 async def main(registry_dir):
     async with ReporterPlugin.serve(name="zones", registry_dir=registry_dir) as plugin:

@@ -27,7 +27,7 @@ from nodeagent.reporter.model import PluginReport
 from nodeagent.reporter.settings import ReporterSettings
 from nodeagent.rpc import open_grpc_bridge
 from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reporter import FieldType, ReportItem
+from nodeagent.sdk.reports import FieldType, ReportItem
 from tests.plugins.conftest import fast_settings
 from tests.plugins.test_grpcio_wire import PLUGIN
 from tests.plugins.test_grpcio_wire import grpcio_modules as grpcio_modules

@@ -80,7 +80,7 @@ def cnr_writes_audited(apiserver: ApiServer, since: float) -> list[str]:
 PLUGIN = """
 import sys, trio
 from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reporter import ReportItem
+from nodeagent.sdk.reports import ReportItem
 
 GVK = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")
 ITEMS = {

@@ -19,7 +19,7 @@ from tests.support.wait import until
 PLUGIN = """
 import sys, trio
 from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reporter import ReportItem
+from nodeagent.sdk.reports import ReportItem
 
 GVK = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")
 

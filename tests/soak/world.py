@@ -108,7 +108,7 @@ REPORTER = (
     WATCH
     + """
 from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reporter import ReportItem
+from nodeagent.sdk.reports import ReportItem
 
 GVK = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")
 

@@ -18,13 +18,13 @@ socket in the registry directory, and removes the socket when the `async with` b
 """
 
 # Each module lists its own public names; the package's are theirs, written once.
-from nodeagent.sdk import cdi, claims, devices, dra, kubelet, reporter, running
+from nodeagent.sdk import cdi, claims, devices, dra, kubelet, reports, running
 from nodeagent.sdk.cdi import *  # noqa: F403
 from nodeagent.sdk.claims import *  # noqa: F403
 from nodeagent.sdk.devices import *  # noqa: F403
 from nodeagent.sdk.dra import *  # noqa: F403
 from nodeagent.sdk.kubelet import *  # noqa: F403
-from nodeagent.sdk.reporter import *  # noqa: F403
+from nodeagent.sdk.reports import *  # noqa: F403
 from nodeagent.sdk.running import *  # noqa: F403
 
 __all__: list[str] = []
@@ -33,5 +33,5 @@ __all__ += claims.__all__
 __all__ += devices.__all__
 __all__ += dra.__all__
 __all__ += kubelet.__all__
-__all__ += reporter.__all__
+__all__ += reports.__all__
 __all__ += running.__all__
