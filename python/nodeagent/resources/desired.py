@@ -8,7 +8,7 @@ reported once.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,7 @@ from nodeagent import _native
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
 from nodeagent.resources.dropped import dropped_fields, likely_gate, present_fields
-from nodeagent.resources.inventory import InventoryTracker
+from nodeagent.resources.inventory import DriverState, InventoryTracker
 from nodeagent.resources.model import Inventory, desired_specs
 from nodeagent.resources.observed import PoolKey
 
@@ -73,8 +73,22 @@ class DesiredSlices:
     def get(self, key: PoolKey | None) -> Desired | None:
         return self._pools.get(key) if key is not None else None
 
-    def slice_count(self) -> int:
-        return sum(len(d.specs) for d in self._pools.values())
+    def slice_count(self, drivers: Container[str] | None = None) -> int:
+        """The desired slices (of `drivers` only, when given)."""
+        pools = self._pools.items()
+        return sum(len(d.specs) for k, d in pools if drivers is None or k[0] in drivers)
+
+    def view(self, drivers: Mapping[str, DriverState]) -> dict[str, Any]:
+        """The desired slices of `drivers` per pool, and each driver's state, for the ops
+        endpoint (the slices' views are built once per inventory, not per call)."""
+        return {
+            driver: {
+                "registered": state.registered,
+                "last_error": state.last_error,
+                "pools": self.pools_view(driver, state.inventory),
+            }
+            for driver, state in sorted(drivers.items())
+        }
 
     def build(
         self, tracker: InventoryTracker, drivers: Iterable[str], views: bool = False

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import trio
+
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 log = get_logger(__name__)
 
-__all__ = ["Converted", "DriverState", "InventoryTracker"]
+__all__ = ["Converted", "DriverState", "InventoryTracker", "deletion_deadline"]
 
 
 @dataclass
@@ -46,6 +48,21 @@ class Converted:
     error: InvalidInventory | None
 
 
+def deletion_deadline(
+    state: DriverState | None, started: float, startup_grace: float, disconnect_grace: float
+) -> float:
+    """When the slices of a driver without a current inventory for a pool may go (`started`:
+    when the publisher started): a gone plugin's after ``disconnect_grace``, and nothing
+    before ``startup_grace`` has passed since the start (unknown drivers: slices published
+    before a restart); a registered plugin's at once (-inf)."""
+    if state is None:
+        return started + startup_grace
+    if state.registered:
+        return -float("inf")
+    gone = state.gone_since if state.gone_since is not None else started
+    return max(gone + disconnect_grace, started + startup_grace)
+
+
 class InventoryTracker:
     """Feeds on the plugin manager's snapshots (name -> PluginData); `update` returns the
     drivers whose published state may have changed."""
@@ -55,6 +72,21 @@ class InventoryTracker:
         self.drivers: dict[str, DriverState] = {}
         # (reason, message) of problems a plugin author must see (Events on the Node).
         self._report = report or (lambda reason, message: None)
+
+    def rejected(self) -> list[str]:
+        """Drivers whose latest inventory was rejected."""
+        return sorted(d for d, s in self.drivers.items() if s.last_error)
+
+    def shown(self, now: float, grace: float) -> dict[str, DriverState]:
+        """The drivers whose slices a standalone agent shows: a gone plugin's for `grace`
+        seconds after it left, then no more, as a publishing agent would delete them (a
+        start-up grace is for slices published before a restart, which standalone has none
+        of)."""
+        return {
+            d: s
+            for d, s in self.drivers.items()
+            if s.registered or s.gone_since is None or now < s.gone_since + grace
+        }
 
     def unseen(self, plugins: Mapping[str, PluginData]) -> dict[str, Message]:
         """The plugins' messages `update` has not taken in yet."""
@@ -93,6 +125,25 @@ class InventoryTracker:
                 state.gone_since = now
                 changed.add(name)
         return changed
+
+    async def take(
+        self, plugins: Mapping[str, PluginData], threshold: int
+    ) -> tuple[set[str], bool]:
+        """`update` with the messages not taken in yet converted first, in a worker thread when
+        they add up to `threshold` bytes or more (0: never): converting, validating and
+        splitting a large inventory costs tens of milliseconds of CPU, and in a thread the
+        event loop (heartbeat, probes) stays responsive. Returns the drivers `update` returns
+        and whether a thread was used. The caller is the only writer of the tracker, so the
+        thread reads it undisturbed."""
+        unseen = self.unseen(plugins)
+        threaded = sum(m.ByteSize() for m in unseen.values()) >= threshold > 0
+        converted = None
+        if threaded:
+            converted = await trio.to_thread.run_sync(self._convert_all, unseen)
+        return self.update(plugins, trio.current_time(), converted), threaded
+
+    def _convert_all(self, messages: Mapping[str, Message]) -> dict[str, Converted]:
+        return {name: self.convert(name, m) for name, m in messages.items()}
 
     def convert(self, driver: str, message: Message) -> Converted:
         """The message as a validated inventory, or why not. Pure: safe in a worker thread."""

@@ -163,6 +163,18 @@ class ObservedSlices:
         """The queries whose state is not known (a relist under way, a Forbidden list)."""
         return [s for s in self.source.statuses().values() if not s.known]
 
+    def blocked(self) -> str | None:
+        """Why nothing may be written (None: writes may go ahead)."""
+        # A relist under way is not a readiness problem for the accumulator, but its frozen
+        # snapshot lacks own writes: acting on it could create a pool twice.
+        unknown = self.unknown()
+        if unknown:
+            why = "; ".join(f"{s.query}: {s.reason or s.state.value}" for s in unknown)
+            return f"the observed state is not known ({why})"
+        if self.node_uid is None:
+            return f"waiting for Node {self.node_name}"
+        return None
+
     def refresh_node(self) -> bool:
         """Reads the Node's UID from the snapshot; returns whether it changed to a known one."""
         raws = list(self._snapshot.node.values())
@@ -191,6 +203,34 @@ class ObservedSlices:
                 uid=uid,
             )
         return True
+
+    def refresh(
+        self,
+        desired: Iterable[PoolKey],
+        syncing: PoolKey | None = None,
+        expected: Mapping[str, str] | None = None,
+    ) -> set[PoolKey] | None:
+        """Takes the newest snapshot in; returns the pools it changed (None: no new snapshot):
+        every pool when the Node turned up (or came back with a new UID), but not the pool
+        being synced (`syncing`) when all that changed in it is its own writes (`expected`:
+        {name: resourceVersion} they lead to)."""
+        if not self.take():
+            return None
+        # A foreign slice is never the sync's own write, even when it arrives in the same
+        # snapshot as the sync's writes or while they are in flight (issue 20: taken for ours,
+        # its pool was published beside it).
+        foreign = self.foreign.get(syncing) if syncing is not None else None
+        desired = set(desired)
+        changed = self.regroup(desired)
+        if self.refresh_node():
+            changed |= desired | set(self.groups)
+        if (
+            syncing in changed
+            and self.versions(syncing) == expected
+            and self.foreign.get(syncing) == foreign
+        ):
+            changed.discard(syncing)  # only the sync's own writes: no reason to run again
+        return changed
 
     def regroup(self, desired: Iterable[PoolKey]) -> set[PoolKey]:
         """Rebuilds the per-pool groups from the snapshot; returns the pools that changed (our
