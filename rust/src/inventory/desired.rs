@@ -66,17 +66,16 @@ fn canonical_capacity(c: &Capacity) -> Result<Capacity> {
     })
 }
 
-/// The device with every quantity (capacities and their request policies, consumed counters,
-/// node-allocatable multipliers and overheads) in canonical form.
-fn canonical_device(d: &Device) -> Result<Device> {
-    let mut out = d.clone();
-    for (_, c) in out.capacity.iter_mut() {
+/// Every quantity of the device (capacities and their request policies, consumed counters,
+/// node-allocatable multipliers and overheads) put in canonical form.
+fn canonicalize_device(d: &mut Device) -> Result<()> {
+    for (_, c) in d.capacity.iter_mut() {
         *c = canonical_capacity(c)?;
     }
-    for u in out.consumes_counters.iter_mut() {
+    for u in d.consumes_counters.iter_mut() {
         u.counters = canonical_counters(&u.counters)?;
     }
-    for (_, r) in out.node_allocatable_resources.iter_mut() {
+    for (_, r) in d.node_allocatable_resources.iter_mut() {
         if let Some(m) = r.mapping.as_mut() {
             m.capacity_multiplier = canonical_opt(&m.capacity_multiplier)?;
             m.device_multiplier = canonical_opt(&m.device_multiplier)?;
@@ -86,7 +85,7 @@ fn canonical_device(d: &Device) -> Result<Device> {
             o.per_container = canonical_opt(&o.per_container)?;
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 fn heavy(d: &Device) -> bool {
@@ -150,7 +149,7 @@ impl Head<'_> {
 /// `MAX_COUNTER_SETS` sets each, ahead of the device slices; a device may consume counters of a
 /// set in any slice of its pool. A pool with neither devices nor counters is one empty slice
 /// (it still says the pool exists and is empty).
-pub fn pool_slices(driver: &str, pool: &Pool, node_name: &str) -> Result<Vec<String>> {
+pub fn pool_slices(driver: &str, mut pool: Pool, node_name: &str) -> Result<Vec<String>> {
     let shared = pool
         .shared_counters
         .iter()
@@ -161,13 +160,12 @@ pub fn pool_slices(driver: &str, pool: &Pool, node_name: &str) -> Result<Vec<Str
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    let devices = pool
-        .devices
-        .iter()
-        .map(canonical_device)
-        .collect::<Result<Vec<_>>>()?;
+    for d in pool.devices.iter_mut() {
+        canonicalize_device(d)?;
+    }
+    let devices = &pool.devices;
     let counter_chunks: Vec<&[CounterSet]> = shared.chunks(MAX_COUNTER_SETS).collect();
-    let mut device_chunks = split_devices(&devices);
+    let mut device_chunks = split_devices(devices);
     if !counter_chunks.is_empty() && devices.is_empty() {
         device_chunks.clear();
     }
@@ -201,9 +199,9 @@ pub fn pool_slices(driver: &str, pool: &Pool, node_name: &str) -> Result<Vec<Str
 }
 
 /// Per pool of the inventory, its desired slice specs (`pool_slices`).
-pub fn slices(inv: &Inventory, node_name: &str) -> Result<Vec<Vec<String>>> {
+pub fn slices(inv: Inventory, node_name: &str) -> Result<Vec<Vec<String>>> {
     inv.pools
-        .iter()
+        .into_iter()
         .map(|p| pool_slices(&inv.driver, p, node_name))
         .collect()
 }
@@ -289,7 +287,7 @@ mod tests {
             partition_type_attribute: Some("kind".into()),
             ..Pool::default()
         };
-        let specs = pool_slices("gpu.example.com", &pool, "node-a").expect("valid");
+        let specs = pool_slices("gpu.example.com", pool, "node-a").expect("valid");
         assert_eq!(
             specs,
             [concat!(
@@ -315,14 +313,14 @@ mod tests {
             shared_counters: sets.clone(),
             ..Pool::default()
         };
-        let specs = pool_slices("d", &pool, "n").expect("valid");
+        let specs = pool_slices("d", pool.clone(), "n").expect("valid");
         assert_eq!(specs.len(), 2, "8 sets, then 1; no empty device slice");
         assert!(specs[1].contains(r#""resourceSliceCount":2"#));
         let with_devices = Pool {
             devices: vec![device("x")],
             ..pool
         };
-        let specs = pool_slices("d", &with_devices, "n").expect("valid");
+        let specs = pool_slices("d", with_devices, "n").expect("valid");
         assert_eq!(specs.len(), 3);
         assert!(specs[2].contains(r#""devices":[{"name":"x"}]"#));
     }
@@ -335,7 +333,7 @@ mod tests {
             ..Pool::default()
         };
         assert_eq!(
-            pool_slices("d", &pool, "n").expect("valid"),
+            pool_slices("d", pool.clone(), "n").expect("valid"),
             [
                 r#"{"driver":"d","pool":{"name":"p","resourceSliceCount":1},"nodeName":"n","skipNodeOperations":["*"]}"#
             ]
@@ -352,7 +350,7 @@ mod tests {
             }],
             ..Pool::default()
         };
-        let err = pool_slices("d", &pool, "n").expect_err("invalid");
+        let err = pool_slices("d", pool.clone(), "n").expect_err("invalid");
         assert!(err.contains("\"lots\""), "{err}");
     }
 }

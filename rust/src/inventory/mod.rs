@@ -111,7 +111,7 @@ fn desired_slices<'py>(
     node_name: PyBackedStr,
 ) -> PyResult<Vec<Vec<Bound<'py, PyBytes>>>> {
     let pools = py
-        .detach(|| model::from_json(&inventory).and_then(|inv| desired::slices(&inv, &node_name)))
+        .detach(|| model::from_json(&inventory).and_then(|inv| desired::slices(inv, &node_name)))
         .map_err(PyValueError::new_err)?;
     Ok(pools
         .iter()

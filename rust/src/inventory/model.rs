@@ -414,230 +414,254 @@ pub fn to_json(inv: &Inventory, size_hint: usize) -> String {
 }
 
 // --- JSON in: an Inventory as `msgspec.json.encode` writes it -----------------------------------
+//
+// Read in one pass straight into the model (no JSON tree in between: an inventory of 1,024
+// devices is ~20k keys, and a tree costs an allocation for each). Unknown members are skipped;
+// `null` reads as unset or empty.
 
-/// A JSON value with object members in document order (the order of the Python dicts).
-enum Value {
-    Null,
-    Bool(bool),
-    Int(Option<i64>),
-    Str(String),
-    Arr(Vec<Value>),
-    Obj(Vec<(String, Value)>),
+type JsonResult<T> = crate::json::Result<T>;
+
+fn text(sc: &mut Scanner<'_>) -> JsonResult<Str> {
+    Ok(Str::from(sc.string()?.as_ref()))
 }
 
-const NULL: Value = Value::Null;
+fn null(sc: &mut Scanner<'_>) -> JsonResult<bool> {
+    if sc.peek() == Some(b'n') {
+        sc.literal(b"null")?;
+        return Ok(true);
+    }
+    Ok(false)
+}
 
-impl Value {
-    fn get(&self, k: &str) -> &Value {
-        match self {
-            Value::Obj(m) => m.iter().find(|(x, _)| x == k).map_or(&NULL, |(_, v)| v),
-            _ => &NULL,
-        }
-    }
-    fn str(&self) -> Option<&str> {
-        match self {
-            Value::Str(s) => Some(s),
-            _ => None,
-        }
-    }
-    fn bool(&self) -> Option<bool> {
-        match self {
-            Value::Bool(b) => Some(*b),
-            _ => None,
-        }
-    }
-    fn arr(&self) -> &[Value] {
-        match self {
-            Value::Arr(a) => a,
-            _ => &[],
-        }
-    }
-    fn obj(&self) -> Option<&[(String, Value)]> {
-        match self {
-            Value::Obj(m) => Some(m),
-            _ => None,
-        }
+fn opt_text(sc: &mut Scanner<'_>) -> JsonResult<Option<Str>> {
+    Ok(if null(sc)? { None } else { Some(text(sc)?) })
+}
+
+fn opt_bool(sc: &mut Scanner<'_>) -> JsonResult<Option<bool>> {
+    match sc.peek() {
+        Some(b't') => sc.literal(b"true").map(|()| Some(true)),
+        Some(b'f') => sc.literal(b"false").map(|()| Some(false)),
+        _ if null(sc)? => Ok(None),
+        _ => sc.err("expected a boolean"),
     }
 }
 
-fn parse(sc: &mut Scanner<'_>, depth: usize) -> crate::json::Result<Value> {
-    if depth > 64 {
-        return sc.err("nesting too deep");
+fn list<T>(
+    sc: &mut Scanner<'_>,
+    mut item: impl FnMut(&mut Scanner<'_>) -> JsonResult<T>,
+) -> JsonResult<Vec<T>> {
+    let mut out = Vec::new();
+    if !null(sc)? {
+        sc.array(|sc| {
+            out.push(item(sc)?);
+            Ok(())
+        })?;
     }
-    Ok(match sc.peek() {
-        Some(b'"') => Value::Str(sc.string()?.into_owned()),
-        Some(b'{') => {
-            sc.pos += 1;
-            let mut m = Vec::new();
-            if !sc.eat(b'}') {
-                loop {
-                    let k = sc.string()?.into_owned();
-                    sc.expect(b':')?;
-                    m.push((k, parse(sc, depth + 1)?));
-                    if !sc.comma_or(b'}')? {
-                        break;
-                    }
-                }
-            }
-            Value::Obj(m)
+    Ok(out)
+}
+
+fn texts(sc: &mut Scanner<'_>) -> JsonResult<Vec<Str>> {
+    list(sc, text)
+}
+
+/// A JSON object as a map, in document order; its keys may be escaped.
+fn map_in<T>(
+    sc: &mut Scanner<'_>,
+    mut value: impl FnMut(&mut Scanner<'_>) -> JsonResult<T>,
+) -> JsonResult<Map<T>> {
+    let mut out = Vec::new();
+    if null(sc)? {
+        return Ok(out);
+    }
+    sc.expect(b'{')?;
+    if sc.eat(b'}') {
+        return Ok(out);
+    }
+    loop {
+        let key = text(sc)?;
+        sc.expect(b':')?;
+        out.push((key, value(sc)?));
+        if !sc.comma_or(b'}')? {
+            return Ok(out);
         }
-        Some(b'[') => {
-            sc.pos += 1;
-            let mut a = Vec::new();
-            if !sc.eat(b']') {
-                loop {
-                    a.push(parse(sc, depth + 1)?);
-                    if !sc.comma_or(b']')? {
-                        break;
-                    }
-                }
-            }
-            Value::Arr(a)
-        }
-        Some(b't') => {
-            sc.literal(b"true")?;
-            Value::Bool(true)
-        }
-        Some(b'f') => {
-            sc.literal(b"false")?;
-            Value::Bool(false)
-        }
-        Some(b'n') => {
-            sc.literal(b"null")?;
-            Value::Null
-        }
-        // Only whether an int is set matters to the rules (Python ints may exceed int64).
-        Some(_) => Value::Int(sc.number()?.parse().ok()),
-        None => return sc.err("unexpected end of input"),
+    }
+}
+
+/// An object read field by field into `T::default()`; None when `null`.
+fn struct_in<T: Default>(
+    sc: &mut Scanner<'_>,
+    mut field: impl FnMut(&mut T, &mut Scanner<'_>, &[u8]) -> JsonResult<()>,
+) -> JsonResult<Option<T>> {
+    if null(sc)? {
+        return Ok(None);
+    }
+    let mut out = T::default();
+    sc.object(|sc, key| field(&mut out, sc, key))?;
+    Ok(Some(out))
+}
+
+fn required<T: Default>(
+    sc: &mut Scanner<'_>,
+    field: impl FnMut(&mut T, &mut Scanner<'_>, &[u8]) -> JsonResult<()>,
+) -> JsonResult<T> {
+    struct_in(sc, field).map(Option::unwrap_or_default)
+}
+
+fn counters_in(sc: &mut Scanner<'_>) -> JsonResult<Counters> {
+    map_in(sc, |sc| {
+        required(sc, |v: &mut Str, sc, k| match k {
+            b"value" => text(sc).map(|x| *v = x),
+            _ => sc.skip_value(),
+        })
     })
 }
 
-fn s(v: &Value, k: &str) -> Str {
-    v.get(k).str().unwrap_or_default().into()
-}
-
-fn os(v: &Value, k: &str) -> Option<Str> {
-    v.get(k).str().map(Str::from)
-}
-
-fn strs(v: &Value, k: &str) -> Vec<Str> {
-    v.get(k)
-        .arr()
-        .iter()
-        .filter_map(|x| x.str().map(Str::from))
-        .collect()
-}
-
-fn map<T>(v: &Value, k: &str, f: impl Fn(&Value) -> T) -> Map<T> {
-    v.get(k)
-        .obj()
-        .map(|o| {
-            o.iter()
-                .map(|(k, x)| (Str::from(k.as_str()), f(x)))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn counters(v: &Value) -> Counters {
-    map(v, "counters", |c| s(c, "value"))
-}
-
-fn some_obj(v: &Value) -> Option<&Value> {
-    v.obj().map(|_| v)
-}
-
-fn device_in(d: &Value) -> Device {
-    Device {
-        name: s(d, "name"),
-        attributes: map(d, "attributes", |a| Attribute {
-            int: match a.get("int") {
-                Value::Int(i) => Some(i.unwrap_or(0)),
-                _ => None,
-            },
-            bool_: a.get("bool").bool(),
-            string: os(a, "string"),
-            version: os(a, "version"),
-        }),
-        capacity: map(d, "capacity", |c| Capacity {
-            value: s(c, "value"),
-            request_policy: some_obj(c.get("requestPolicy")).map(|p| Policy {
-                default: os(p, "default"),
-                valid_values: strs(p, "validValues"),
-                valid_range: some_obj(p.get("validRange")).map(|r| Range {
-                    min: os(r, "min"),
-                    max: os(r, "max"),
-                    step: os(r, "step"),
-                }),
-            }),
-        }),
-        consumes_counters: d
-            .get("consumesCounters")
-            .arr()
-            .iter()
-            .map(|c| Consumption {
-                counter_set: s(c, "counterSet"),
-                counters: counters(c),
-                compatibility_groups: strs(c, "compatibilityGroups"),
-            })
-            .collect(),
-        taints: d
-            .get("taints")
-            .arr()
-            .iter()
-            .map(|t| Taint {
-                key: s(t, "key"),
-                value: s(t, "value"),
-                effect: s(t, "effect"),
-                time_added: os(t, "timeAdded"),
-            })
-            .collect(),
-        binds_to_node: d.get("bindsToNode").bool(),
-        binding_conditions: strs(d, "bindingConditions"),
-        binding_failure_conditions: strs(d, "bindingFailureConditions"),
-        allow_multiple_allocations: d.get("allowMultipleAllocations").bool(),
-        node_allocatable_resources: map(d, "nodeAllocatableResources", |r| NodeAllocatable {
-            mapping: some_obj(r.get("mapping")).map(|m| Mapping {
-                capacity_key: os(m, "capacityKey"),
-                capacity_multiplier: os(m, "capacityMultiplier"),
-                device_multiplier: os(m, "deviceMultiplier"),
-            }),
-            overhead: some_obj(r.get("overhead")).map(|o| Overhead {
-                per_pod: os(o, "perPod"),
-                per_container: os(o, "perContainer"),
-            }),
-        }),
+fn attribute_in(a: &mut Attribute, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"int" => {
+            if !null(sc)? {
+                // Only whether an int is set matters to the rules (Python ints may exceed
+                // int64); plugins send int64s.
+                sc.peek();
+                a.int = Some(sc.number()?.parse().unwrap_or(0));
+            }
+        }
+        b"bool" => a.bool_ = opt_bool(sc)?,
+        b"string" => a.string = opt_text(sc)?,
+        b"version" => a.version = opt_text(sc)?,
+        _ => sc.skip_value()?,
     }
+    Ok(())
+}
+
+fn range_in(r: &mut Range, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"min" => r.min = opt_text(sc)?,
+        b"max" => r.max = opt_text(sc)?,
+        b"step" => r.step = opt_text(sc)?,
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+fn policy_in(p: &mut Policy, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"default" => p.default = opt_text(sc)?,
+        b"validValues" => p.valid_values = texts(sc)?,
+        b"validRange" => p.valid_range = struct_in(sc, range_in)?,
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+fn capacity_in(c: &mut Capacity, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"value" => c.value = text(sc)?,
+        b"requestPolicy" => c.request_policy = struct_in(sc, policy_in)?,
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+fn consumption_in(c: &mut Consumption, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"counterSet" => c.counter_set = text(sc)?,
+        b"counters" => c.counters = counters_in(sc)?,
+        b"compatibilityGroups" => c.compatibility_groups = texts(sc)?,
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+fn taint_in(t: &mut Taint, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"key" => t.key = text(sc)?,
+        b"value" => t.value = text(sc)?,
+        b"effect" => t.effect = text(sc)?,
+        b"timeAdded" => t.time_added = opt_text(sc)?,
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+fn node_allocatable_in(r: &mut NodeAllocatable, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"mapping" => {
+            r.mapping = struct_in(sc, |m: &mut Mapping, sc, k| {
+                match k {
+                    b"capacityKey" => m.capacity_key = opt_text(sc)?,
+                    b"capacityMultiplier" => m.capacity_multiplier = opt_text(sc)?,
+                    b"deviceMultiplier" => m.device_multiplier = opt_text(sc)?,
+                    _ => sc.skip_value()?,
+                }
+                Ok(())
+            })?
+        }
+        b"overhead" => {
+            r.overhead = struct_in(sc, |o: &mut Overhead, sc, k| {
+                match k {
+                    b"perPod" => o.per_pod = opt_text(sc)?,
+                    b"perContainer" => o.per_container = opt_text(sc)?,
+                    _ => sc.skip_value()?,
+                }
+                Ok(())
+            })?
+        }
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+fn device_in(d: &mut Device, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"name" => d.name = text(sc)?,
+        b"attributes" => d.attributes = map_in(sc, |sc| required(sc, attribute_in))?,
+        b"capacity" => d.capacity = map_in(sc, |sc| required(sc, capacity_in))?,
+        b"consumesCounters" => d.consumes_counters = list(sc, |sc| required(sc, consumption_in))?,
+        b"taints" => d.taints = list(sc, |sc| required(sc, taint_in))?,
+        b"bindsToNode" => d.binds_to_node = opt_bool(sc)?,
+        b"bindingConditions" => d.binding_conditions = texts(sc)?,
+        b"bindingFailureConditions" => d.binding_failure_conditions = texts(sc)?,
+        b"allowMultipleAllocations" => d.allow_multiple_allocations = opt_bool(sc)?,
+        b"nodeAllocatableResources" => {
+            d.node_allocatable_resources = map_in(sc, |sc| required(sc, node_allocatable_in))?
+        }
+        _ => sc.skip_value()?,
+    }
+    Ok(())
+}
+
+/// `Pool` is a plain msgspec struct: its fields keep their Python names.
+fn pool_in(p: &mut Pool, sc: &mut Scanner<'_>, k: &[u8]) -> JsonResult<()> {
+    match k {
+        b"name" => p.name = text(sc)?,
+        b"devices" => p.devices = list(sc, |sc| required(sc, device_in))?,
+        b"shared_counters" => {
+            p.shared_counters = list(sc, |sc| {
+                required(sc, |c: &mut CounterSet, sc, k| match k {
+                    b"name" => text(sc).map(|x| c.name = x),
+                    b"counters" => counters_in(sc).map(|x| c.counters = x),
+                    _ => sc.skip_value(),
+                })
+            })?
+        }
+        b"partition_type_attribute" => p.partition_type_attribute = opt_text(sc)?,
+        b"skip_node_operations" => p.skip_node_operations = texts(sc)?,
+        _ => sc.skip_value()?,
+    }
+    Ok(())
 }
 
 /// An inventory from `msgspec.json.encode(inventory)`.
 pub fn from_json(data: &[u8]) -> Result<Inventory, String> {
     let mut sc = Scanner::new(data)?;
-    let v = parse(&mut sc, 0)?;
+    let inv = required(&mut sc, |inv: &mut Inventory, sc, k| match k {
+        b"driver" => text(sc).map(|x| inv.driver = x),
+        b"pools" => list(sc, |sc| required(sc, pool_in)).map(|x| inv.pools = x),
+        _ => sc.skip_value(),
+    })?;
     sc.end()?;
-    Ok(Inventory {
-        driver: s(&v, "driver"),
-        pools: v
-            .get("pools")
-            .arr()
-            .iter()
-            .map(|p| Pool {
-                name: s(p, "name"),
-                devices: p.get("devices").arr().iter().map(device_in).collect(),
-                shared_counters: p
-                    .get("shared_counters")
-                    .arr()
-                    .iter()
-                    .map(|c| CounterSet {
-                        name: s(c, "name"),
-                        counters: counters(c),
-                    })
-                    .collect(),
-                partition_type_attribute: os(p, "partition_type_attribute"),
-                skip_node_operations: strs(p, "skip_node_operations"),
-            })
-            .collect(),
-    })
+    Ok(inv)
 }
 
 #[cfg(test)]
