@@ -191,6 +191,8 @@ def config_good(inv: Invariants, rng: random.Random) -> str:
         config["agent"] = {"log_level": rng.choice(("info", "warning"))}
     _put_config(inv, config)
     inv.model.target, inv.model.marker, inv.model.last_good = "good", marker, marker
+    if inv.world.faulty():
+        inv.model.deferred = True  # its trial cannot be recorded yet
     inv.model.hashes[config_hash(config)] = marker  # known as a last-known-good by its hash
     # A new generation of the object: a config rolled back before is tried again.
     inv.model.rolled_back.discard(marker)
@@ -307,31 +309,52 @@ def _can_mount(inv: Invariants) -> bool:
     return os.geteuid() == 0 and shutil.which("mount") is not None
 
 
+READ_ONLY = "Read-only file system"  # EROFS, as the agent reports a failed write
+FULL = "No space left on device"  # ENOSPC
+
+
+def _state_fault(inv: Invariants, rng: random.Random, fault: str | None) -> str:
+    """node-a's state now unwritable with `fault` (None: writable again), then a node-a
+    reporter's new value, so the agent writes its reporter checkpoint: it keeps running and
+    reports the write it could not make, or the problem is gone once a write went through."""
+    model = inv.model
+    model.state_fault = fault
+    if fault is not None and model.target == "good":
+        model.deferred = True  # a config assigned a moment ago may not have started its trial
+    model.write_tried = _new_report_a(inv, rng)
+    return f"(write tried: {model.write_tried})"
+
+
 def state_read_only(inv: Invariants, rng: random.Random) -> str:
-    """node-a's checkpoint directory made read-only (a full or remounted disk): the agent
-    keeps running and reports the write it could not make."""
+    """node-a's checkpoint directory made read-only (a remounted disk)."""
     inv.world.set_read_only("node-a", True)
-    inv.model.read_only = True
-    inv.model.write_tried = _new_report_a(inv, rng)
-    return f"node-a's checkpoint directory read-only (write tried: {inv.model.write_tried})"
+    return "node-a's checkpoint directory read-only " + _state_fault(inv, rng, READ_ONLY)
 
 
 def state_writable(inv: Invariants, rng: random.Random) -> str:
-    """Writable again: the next write goes through and the problem is gone."""
     inv.world.set_read_only("node-a", False)
-    inv.model.read_only = False
-    inv.model.write_tried = _new_report_a(inv, rng)
-    return f"node-a's checkpoint directory writable again (write tried: {inv.model.write_tried})"
+    return "node-a's checkpoint directory writable again " + _state_fault(inv, rng, None)
 
 
-def _may_go_read_only(inv: Invariants) -> bool:
-    """Not while a crash-inducing config may still be taken on trial: a read-only state
-    directory keeps the agent from recording the trial, so the crash is not blamed on it at the
-    next start and the agent crash-loops (docs/testing/soak.md, not driven)."""
+def state_full(inv: Invariants, rng: random.Random) -> str:
+    """node-a's state file system filled up by someone else's file (ENOSPC)."""
+    inv.world.set_full("node-a", True)
+    return "node-a's state file system full " + _state_fault(inv, rng, FULL)
+
+
+def state_freed(inv: Invariants, rng: random.Random) -> str:
+    inv.world.set_full("node-a", False)
+    return "node-a's state file system freed " + _state_fault(inv, rng, None)
+
+
+def _may_break_state(inv: Invariants) -> bool:
+    """Not while a crash-inducing config may still be taken on trial (a crash-inducing config
+    whose trial is deferred is not driven yet: docs/testing/soak.md), nor while the state is
+    already unwritable (one fault at a time)."""
     m = inv.model
     crash_pending = m.target == "crash" and m.crash_exits[m.marker] == 0
     ready = inv.world.checkpoints("node-a").is_dir()  # made by the agent's first start
-    return not inv.world.read_only and not crash_pending and ready and _can_mount(inv)
+    return not inv.world.faulty() and not crash_pending and ready and _can_mount(inv)
 
 
 def config_delete(inv: Invariants, rng: random.Random) -> str:
@@ -412,15 +435,22 @@ TABLE = (
     Event("apiserver_restart", 1, lambda inv: True, apiserver_restart),
     Event("config_good", 3, lambda inv: True, config_good),
     Event("config_invalid", 1, lambda inv: True, config_invalid),
-    Event("config_crash", 1, lambda inv: not inv.world.read_only, config_crash),
+    Event("config_crash", 1, lambda inv: not inv.world.faulty(), config_crash),
     Event(
         "config_slow",
         1,
-        lambda inv: not inv.world.read_only and any(p.node == "node-a" for p in _running(inv)),
+        lambda inv: not inv.world.faulty() and any(p.node == "node-a" for p in _running(inv)),
         config_slow,
     ),
-    Event("state_read_only", 1, _may_go_read_only, state_read_only),
+    Event("state_read_only", 1, _may_break_state, state_read_only),
     Event("state_writable", 2, lambda inv: bool(inv.world.read_only), state_writable),
+    Event(
+        "state_full",
+        1,
+        lambda inv: _may_break_state(inv) and "node-a" in inv.world.small_disk,
+        state_full,
+    ),
+    Event("state_freed", 2, lambda inv: bool(inv.world.full), state_freed),
     Event("config_delete", 1, lambda inv: inv.model.target is not None, config_delete),
     Event("node_recreate", 1, lambda inv: True, node_recreate),
     Event("foreign_create", 1, lambda inv: inv.model.foreign_rv is None, foreign_create),

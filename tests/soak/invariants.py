@@ -41,6 +41,7 @@ DISCONNECT_GRACE = 2.0  # resources.disconnect_grace in world.SETTINGS
 STARTUP_GRACE = 3.0  # resources.startup_grace in world.SETTINGS
 REPORTER_GRACE = 2.0  # reporter.grace in world.SETTINGS
 TRIAL_DURATION = 20.0  # dynconfig.trial_duration in world.SETTINGS
+RETRY_MAX = 60.0  # seconds between two tries of a failed dynconfig write, at most
 REPORTER_CHECKPOINT = "reporter_manager_checkpoint"  # the reporter store's checkpoint name
 CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
 RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
@@ -91,11 +92,16 @@ class Model:
     # (a hash, or "local"), the config it must run once it has rolled the slow one back.
     slow_hashes: dict[float, str] = field(default_factory=dict)
     slow_lkg: dict[float, str] = field(default_factory=dict)
-    # node-a's checkpoint directory: read-only, and whether its reporter store has tried a
-    # write since (a reporter's new value, in this agent process); after it is writable again,
-    # whether it has written since (the failed write's problem is cleared by the next write).
-    read_only: bool = False
+    # node-a's state directory: the error its writes fail with now (None: writable), and
+    # whether its reporter store has tried a write since (a reporter's new value, in this agent
+    # process); after it is writable again, whether it has written since (the failed write's
+    # problem is cleared by the next write).
+    state_fault: str | None = None
     write_tried: bool = False
+    # A good config may have been assigned while the state could not be written: its trial
+    # cannot be recorded, so it is not applied (`TrialDeferred`) until a write succeeds (retried,
+    # the wait doubling to RETRY_MAX); cleared once node-a converged on a writable state.
+    deferred: bool = False
 
 
 @dataclass
@@ -118,19 +124,23 @@ class AgentRecord:
 
 
 def crash_difference(
-    marker: float, hash_: str, scan: float, cond: dict[str, Any] | None
+    marker: float,
+    hash_: str,
+    scan: float,
+    cond: dict[str, Any] | None,
+    what: str = "crash-inducing",
 ) -> list[str]:
-    """Why a crash-inducing config is not yet rolled back and named on the Node condition
-    (empty: it is): the agent must not run it, and the condition must be `RolledBack` naming
-    its hash."""
+    """Why a bad config (`what`: crash-inducing, slow-to-fail) is not yet rolled back and
+    named on the Node condition (empty: it is): the agent must not run it, and the condition
+    must be `RolledBack` naming its hash."""
     out = []
     if scan == marker:
-        out.append(f"node-a: runs the crash-inducing config {marker}")
+        out.append(f"node-a: runs the {what} config {marker}")
     reason, message = (cond or {}).get("reason"), str((cond or {}).get("message"))
     if reason != "RolledBack" or f"hash {hash_}" not in message:
         out.append(
             f"node-a: the Node condition says {reason}: {message}, want RolledBack naming the "
-            f"crash-inducing config {marker} (hash {hash_})"
+            f"{what} config {marker} (hash {hash_})"
         )
     return out
 
@@ -142,17 +152,10 @@ def slow_difference(
     does not run it, the Node condition is `RolledBack` naming its hash and the health signal
     (resources not ready: a pool not published), and the agent runs the last-known-good it named
     during the trial, a good config or the local one."""
-    out = []
-    hash_ = model.slow_hashes[marker]
-    if scan == marker:
-        out.append(f"node-a: runs the slow-to-fail config {marker}")
-    reason, message = (cond or {}).get("reason"), str((cond or {}).get("message"))
-    if reason != "RolledBack" or f"hash {hash_}" not in message:
-        out.append(
-            f"node-a: the Node condition says {reason}: {message}, want RolledBack naming the "
-            f"slow-to-fail config {marker} (hash {hash_})"
-        )
-    elif "component resources not ready" not in message or "not published" not in message:
+    out = crash_difference(marker, model.slow_hashes[marker], scan, cond, "slow-to-fail")
+    message = str((cond or {}).get("message"))
+    says_why = "component resources not ready" in message and "not published" in message
+    if not out and not says_why:
         out.append(
             f"node-a: the Node condition names the slow-to-fail config {marker} but not its "
             f"reason (component resources not ready: a pool not published): {message}"
@@ -172,14 +175,15 @@ def slow_difference(
     return out
 
 
-def state_difference(read_only: bool, write_tried: bool, problems: list[str]) -> str | None:
+def state_difference(fault: str | None, write_tried: bool, problems: list[str]) -> str | None:
     """Why node-a's checkpoint problems (/v1/status) do not say what its state directory is
-    (None: they do): read-only with a write tried, the reporter checkpoint's write failure
-    reported; writable with a write made, no problem of the reporter checkpoint left."""
+    (None: they do): unwritable (`fault`: the error, "Read-only file system" or "No space left
+    on device") with a write tried, the reporter checkpoint's write failure reported with that
+    error; writable with a write made, no problem of the reporter checkpoint left."""
     mine = [p for p in problems if REPORTER_CHECKPOINT in p]
-    if read_only and write_tried and not any("Read-only file system" in p for p in mine):
-        return f"node-a: state read-only and a write tried, problems reported {problems}"
-    if not read_only and write_tried and mine:
+    if fault is not None and write_tried and not any(fault in p for p in mine):
+        return f"node-a: state unwritable ({fault}) and a write tried, problems reported {problems}"
+    if fault is None and write_tried and mine:
         return f"node-a: state writable again and written, problems still reported {mine}"
     return None
 
@@ -595,7 +599,7 @@ class Invariants:
                 out.append(f"{node}: the Node condition says {theirs}, the agent runs {mine}")
             if node == "node-a":
                 problems = agent.doc("/v1/status").get("checkpoint_problems") or []
-                state = state_difference(model.read_only, model.write_tried, problems)
+                state = state_difference(model.state_fault, model.write_tried, problems)
                 if state:
                     out.append(state)
             scan = doc["effective"]["plugins"]["scan_interval"]
@@ -614,6 +618,13 @@ class Invariants:
             elif model.marker in model.rolled_back:
                 if scan == model.marker:
                     out.append(f"{node}: runs the rolled-back config {scan} ({mine})")
+            elif (
+                model.deferred
+                and model.state_fault is not None
+                and dyn.get("reason") == "TrialDeferred"
+                and scan != model.marker
+            ):
+                pass  # its trial cannot be recorded: not applied until the state is writable
             elif scan != model.marker or dyn.get("reason") not in ("OnTrial", "Active"):
                 out.append(f"{node}: runs scan_interval {scan} ({mine}), want {model.marker}")
         return out
@@ -635,14 +646,21 @@ class Invariants:
                 name, start = CRASH_INVARIANT, since
             elif self.model.target == "slow":
                 name = SLOW_INVARIANT
+            bound = SETTLE_BOUND
+            if self.model.deferred and self.model.state_fault is None:
+                # A deferred trial's marker is written again at the next retry, at most
+                # RETRY_MAX after the state became writable.
+                bound += RETRY_MAX
             if not last:
                 self.checks[name] += 1
+                if self.model.state_fault is None:
+                    self.model.deferred = False
                 return time.monotonic() - since
-            if time.monotonic() - start > SETTLE_BOUND:
+            if time.monotonic() - start > bound:
                 self.checks[name] += 1
                 self.violation(
                     name,
-                    f"not converged {SETTLE_BOUND:g} s after the event: " + "; ".join(last),
+                    f"not converged {bound:g} s after the event: " + "; ".join(last),
                 )
                 return None
             time.sleep(0.5)

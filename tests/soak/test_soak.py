@@ -140,13 +140,15 @@ def test_a_reporter_missing_from_the_cnr_or_left_past_its_grace_is_seen(tmp_path
     assert reporter_difference(r, here, 0.0)  # stopped, still there
 
 
-def test_a_read_only_state_not_reported_or_not_recovered_is_seen() -> None:
-    failed = ["checkpoint reporter_manager_checkpoint not written: Read-only file system"]
-    assert state_difference(True, True, failed) is None
-    assert state_difference(True, True, [])  # a write failed and nothing says so
-    assert state_difference(True, False, []) is None  # nothing tried to write yet
-    assert state_difference(False, True, []) is None
-    assert state_difference(False, True, failed)  # written again, the problem still shown
+def test_an_unwritable_state_not_reported_or_not_recovered_is_seen() -> None:
+    ro, full = "Read-only file system", "No space left on device"
+    failed = [f"checkpoint reporter_manager_checkpoint not written: {ro}"]
+    assert state_difference(ro, True, failed) is None
+    assert state_difference(ro, True, [])  # a write failed and nothing says so
+    assert state_difference(full, True, failed)  # the disk is full, the problem says otherwise
+    assert state_difference(ro, False, []) is None  # nothing tried to write yet
+    assert state_difference(None, True, []) is None
+    assert state_difference(None, True, failed)  # written again, the problem still shown
 
 
 def test_seeded_soak(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ Everything is a real process; the world only starts, signals and reads them.
 
 from __future__ import annotations
 
+import errno
 import http.client
 import json
 import os
@@ -219,6 +220,10 @@ class Agent:
             world.registries[node],
             "--state-dir",
             str(world.dir / f"state-{node}"),
+            # Where dynconfig keeps its state while the state directory cannot be written (as
+            # systemd's RuntimeDirectory=): on another file system than the state.
+            "--set",
+            f"agent.runtime_dir={world.dir / f'run-{node}'}",
             "--ops-address",
             "127.0.0.1:0",
         ]
@@ -293,6 +298,8 @@ class World:
     reporters: list[Plugin] = field(default_factory=list)  # program REPORTER
     agent_runs: int = 0
     read_only: set[str] = field(default_factory=set)  # nodes whose checkpoints are mounted ro
+    full: set[str] = field(default_factory=set)  # nodes whose state file system is full
+    small_disk: set[str] = field(default_factory=set)  # nodes whose state dir is a small tmpfs
 
     @classmethod
     def start(cls, workdir: Path) -> World:
@@ -305,6 +312,7 @@ class World:
             raise
         world = cls(workdir, apiserver, proxy)
         try:
+            world._mount_small_disk("node-a")
             trio.run(world._install)
             for node in NODES:
                 world.ensure_node(node)
@@ -402,6 +410,43 @@ class World:
             subprocess.run(["umount", path], check=True)
             self.read_only.discard(node)
 
+    def faulty(self) -> bool:
+        """Whether a node's state directory cannot be written (read-only or full)."""
+        return bool(self.read_only or self.full)
+
+    def _mount_small_disk(self, node: str) -> None:
+        """The node's state directory on a file system of its own, a small tmpfs (root only,
+        as the read-only bind mount; elsewhere a plain directory and `state_full` never
+        applies), so that filling it fills only the agent's disk."""
+        path = self.dir / f"state-{node}"
+        path.mkdir(exist_ok=True)
+        if os.geteuid() != 0 or shutil.which("mount") is None:
+            return
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(path)], check=True)
+        self.small_disk.add(node)
+
+    def set_full(self, node: str, full: bool) -> None:
+        """The node's state file system filled to the last byte by a file of its own (another
+        program's, as far as the agent knows: its writes fail with ENOSPC, No space left on
+        device), or that file removed."""
+        filler = self.dir / f"state-{node}" / "soak-filler"
+        if full:
+            fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)  # unbuffered
+            try:
+                for chunk in (1 << 20, 4096, 1):  # down to the last byte of the last page
+                    try:
+                        while True:
+                            os.write(fd, bytes(chunk))
+                    except OSError as exc:
+                        if exc.errno != errno.ENOSPC:
+                            raise
+            finally:
+                os.close(fd)
+            self.full.add(node)
+        else:
+            filler.unlink(missing_ok=True)
+            self.full.discard(node)
+
     def cnr_annotations(self, node: str) -> dict[str, str]:
         """The annotations of the node's CustomNodeResource (none while it does not exist)."""
         status, body = self.admin("GET", f"{CNR_PATH}/{node}")
@@ -427,6 +472,8 @@ class World:
             agent.stop(signal.SIGKILL)
         for node in list(self.read_only):
             self.set_read_only(node, False)
+        for node in list(self.small_disk):
+            subprocess.run(["umount", str(self.dir / f"state-{node}")], check=False)
         for plugin in [*self.plugins, *self.reporters]:
             plugin.stop()
         self.proxy.close()
