@@ -14,8 +14,9 @@ import trio.testing
 from nodeagent.plugins.manager import PluginManager
 from nodeagent.rpc.bridge import RpcError
 from tests.support.fake_plugins import FakeBridge, FakeHandler, FakeRegistration, listen, settings
+from tests.support.wait import wait_until
 
-from .test_probe_results_apply_to_their_generation import info, recreate, status, until
+from .test_probe_results_apply_to_their_generation import info, recreate, status
 
 SCAN_INTERVAL = 1.0
 
@@ -49,7 +50,12 @@ async def test_a_replaced_socket_registers_at_the_next_scan_not_after_the_old_ba
             bridge.plugins[str(path)] = FakeRegistration(info())
             with recreate(path):
                 replaced_at = trio.current_time()
-                await until(manager, lambda: status(manager)[0] == "registered")
+                await wait_until(
+                    lambda: status(manager)[0] == "registered",
+                    "the fixed socket registered",
+                    timeout=600,
+                    interval=0.001,  # virtual time: the wait must not add to what it measures
+                )
                 waited = trio.current_time() - replaced_at
                 assert waited <= SCAN_INTERVAL + 0.01, f"registered {waited:.1f} s after"
             nursery.cancel_scope.cancel()

@@ -21,8 +21,9 @@ from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.rpc.bridge import RpcError
 from tests.support.fake_plugins import FakeBridge, FakeRegistration, listen, settings
+from tests.support.wait import wait_until
 
-from .test_probe_results_apply_to_their_generation import recreate, until
+from .test_probe_results_apply_to_their_generation import recreate
 
 POLL_INTERVAL = 2.0
 
@@ -99,7 +100,7 @@ async def test_a_poll_answered_by_the_old_process_is_not_the_new_registrations(
         async with trio.open_nursery() as nursery:
             await nursery.start(manager.run)
             # Registered, its stream unimplemented: polled at once, live by its answer.
-            await until(manager, lambda: "p" in channel.value)
+            await wait_until(lambda: "p" in channel.value, "the first poll answered", timeout=600)
             assert shown() == (True, True, '"old-1"')
             # The next poll reaches the old process, which answers only after it was replaced.
             old.hold = True
@@ -108,9 +109,10 @@ async def test_a_poll_answered_by_the_old_process_is_not_the_new_registrations(
             new = FakeReporter(info(), answers=[RpcError("UNAVAILABLE", "still starting")])
             bridge.plugins[str(path)] = new
             with recreate(path):
-                await until(
-                    manager,
+                await wait_until(
                     lambda: len(handler.plugin_names()) == 1 and new.get_info_calls >= 1,
+                    "the new socket asked for its info",
+                    timeout=600,
                 )
                 await trio.testing.wait_all_tasks_blocked()
                 # The new registration is polled at once, the old poll hanging or not.
