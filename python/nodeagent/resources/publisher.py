@@ -124,6 +124,10 @@ class Publisher:
         # Drivers whose desired slices are being rebuilt in a worker thread: their inventory
         # state is already new, their desired slices not yet.
         self._building: set[str] = set()
+        # Pools held for their plugin's first valid inventory (`Deferral.NO_INVENTORY`): out of
+        # the queue (the inventory queues them), still pending: what is published may be
+        # anything the last agent left, a half-written pool too.
+        self._held_for_inventory: set[PoolKey] = set()
         self._taken_version = -1  # the newest plugins snapshot taken in
         self._taken = Pulse()
 
@@ -150,10 +154,18 @@ class Publisher:
         return len(shown), pools, self._desired.slice_count(shown)
 
     def _shown(self) -> dict[str, DriverState]:
-        """The drivers whose slices are desired (standalone: those `InventoryTracker.shown`)."""
-        if not self.standalone:
-            return self._tracker.drivers
-        return self._tracker.shown(trio.current_time(), self.settings.disconnect_grace)
+        """The drivers whose slices are desired: a gone driver's (not registered) until they
+        go, then no more, in both modes (cluster mode deletes them at `deletion_deadline`;
+        standalone shows them as `InventoryTracker.shown` says)."""
+        now = trio.current_time()
+        if self.standalone:
+            return self._tracker.shown(now, self.settings.disconnect_grace)
+        graces = self.settings.startup_grace, self.settings.disconnect_grace
+        return {
+            d: s
+            for d, s in self._tracker.drivers.items()
+            if s.registered or now < deletion_deadline(s, self._started, *graces)
+        }
 
     def rejected(self) -> list[str]:
         """Drivers whose latest inventory was rejected."""
@@ -179,8 +191,10 @@ class Publisher:
         return {k: dict(v) for k, v in self._desired.dropped.items() if v}
 
     def pending(self) -> int:
-        """Pools waiting for a sync (including those waiting for a grace or a backoff)."""
-        return len(self._queue)
+        """Pools waiting for a sync (including those waiting for a grace, a backoff or their
+        plugin's first inventory)."""
+        queued = self._queue.waiting()
+        return len(queued) + len(self._held_for_inventory.difference(queued))
 
     def waiting(self) -> dict[PoolKey, float]:
         """Pools with desired slices waiting for a sync, and when each one's latest sync
@@ -361,6 +375,10 @@ class Publisher:
             delay = self._queue.done(key, failed=failed, keep_backoff=stale)
             if deferred is not None and deferred.again is not None:
                 self._queue.add(key, deferred.again)
+            if deferred is not None and deferred.reason is Deferral.NO_INVENTORY:
+                self._held_for_inventory.add(key)
+            else:
+                self._held_for_inventory.discard(key)
             metrics.SYNC_SECONDS.observe(time.perf_counter() - t0)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._outcomes.show()
