@@ -14,6 +14,7 @@ DOCS = REPO_ROOT / "docs"
 CONFIGURATION = DOCS / "operating" / "configuration.md"
 CLI = DOCS / "operating" / "cli.md"
 METRICS = DOCS / "operating" / "metrics.md"
+ROLLOUT = DOCS / "architecture" / "rollout.md"
 
 
 def page(path: Path | str) -> str:
@@ -64,3 +65,9 @@ def documented_metrics() -> set[str]:
 def documented_config_fields() -> set[str]:
     """`section.field` names in the table of docs/operating/configuration.md."""
     return {name for name in _table_names(CONFIGURATION, "") if "." in name}
+
+
+def documented_rollout_fields() -> set[str]:
+    """`spec.rollout.*` and `status.*` NodeAgentConfig fields in the tables of
+    docs/architecture/rollout.md."""
+    return _table_names(ROLLOUT, "spec.rollout.") | _table_names(ROLLOUT, "status.")

@@ -1,5 +1,6 @@
 """The documentation against the code: every configuration field, CLI command and flag, and
-metric is in its reference page under docs/operating/ (and nothing stale is), the examples that
+metric is in its reference page under docs/operating/ (and nothing stale is), every field of the
+NodeAgentConfig's rollout (spec.rollout, status) in docs/architecture/rollout.md, the examples that
 moved into docs/ run as written, and the README stays the short page a newcomer reads, with its
 two commands and working links. (The site's own links and anchors: `mkdocs build --strict`.)"""
 
@@ -11,6 +12,7 @@ import re
 from typing import Any, cast
 
 import msgspec
+import msgspec.yaml
 import prometheus_client
 import pytest
 
@@ -29,8 +31,10 @@ from tests.support.docs import (
     code_block,
     documented_config_fields,
     documented_metrics,
+    documented_rollout_fields,
     page,
 )
+from tests.support.nodeagentconfig import NAC_CRD_FILE
 
 PACKAGE = REPO_ROOT / "python" / "nodeagent"
 
@@ -102,6 +106,37 @@ def test_every_metric_is_documented() -> None:
     declared, documented = declared_metrics(), documented_metrics()
     assert sorted(declared - documented) == [], "not in docs/operating/metrics.md's table"
     assert sorted(documented - declared) == [], "in metrics.md's table but not a metric"
+
+
+def _schema_fields(schema: dict[str, Any], path: str) -> set[str]:
+    """The dotted names of a CRD schema's fields: each leaf, each array and each atomic map
+    (a label selector is one field)."""
+    properties = schema.get("properties")
+    if not properties or schema.get("x-kubernetes-map-type") == "atomic":
+        return {path}
+    return {
+        name for key, sub in properties.items() for name in _schema_fields(sub, f"{path}.{key}")
+    }
+
+
+def crd_rollout_fields() -> set[str]:
+    """The NodeAgentConfig CRD's `spec.rollout` and `status` fields."""
+    text = NAC_CRD_FILE.read_text(encoding="utf-8")
+    (crd,) = [
+        doc
+        for part in re.split(r"^---[ \t]*$", text, flags=re.M)
+        if (doc := msgspec.yaml.decode(part)) is not None
+    ]
+    (version,) = crd["spec"]["versions"]
+    schema = version["schema"]["openAPIV3Schema"]["properties"]
+    rollout = schema["spec"]["properties"]["rollout"]
+    return _schema_fields(rollout, "spec.rollout") | _schema_fields(schema["status"], "status")
+
+
+def test_every_rollout_crd_field_is_documented() -> None:
+    fields, documented = crd_rollout_fields(), documented_rollout_fields()
+    assert sorted(fields - documented) == [], "not in docs/architecture/rollout.md's tables"
+    assert sorted(documented - fields) == [], "in rollout.md's tables but not a CRD field"
 
 
 def test_the_device_model_example_builds_a_valid_inventory() -> None:
