@@ -206,10 +206,14 @@ def _progress(
         # threshold after it joined counts too).
         passed = sum(ok[:admitted])
         wave, target = targets[index]
-        grow = min(target, passed + budget)
-        if grow > admitted and threshold != ALL:
-            threshold = keys[grow - 1]
-            admitted = grow
+        while threshold != ALL:
+            grow = min(target, passed + budget)
+            if grow <= admitted:
+                break
+            threshold, admitted = keys[grow - 1], grow
+            # A node admitted already through its trial (it ran the config before an abort)
+            # counts as through at once: one plan reaches the fixed point a replan would.
+            passed = sum(ok[:admitted])
         if admitted < target or passed < admitted:
             break  # the wave is still being admitted or tried
         if index == len(targets) - 1:

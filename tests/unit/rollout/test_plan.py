@@ -261,3 +261,37 @@ def test_an_agent_waits_for_the_controller_then_for_its_wave() -> None:
     waiting = [a for a in answers.values() if not a.admitted]
     assert {a.reason for a in waiting} == {WAITING_FOR_WAVE}
     assert "1 of 5 admitted" in waiting[0].message
+
+
+@st.composite
+def any_statuses(draw: st.DrawFn) -> RolloutStatus:
+    """Any status of this rollout, written by any controller version or by hand."""
+    threshold = draw(
+        st.one_of(
+            st.sampled_from([NONE, ALL]),
+            st.builds(lambda c, h: f"{c}-{h}", st.sampled_from("01"), st.text("0123456789abcdef")),
+        )
+    )
+    return RolloutStatus(
+        config_hash=REV.config_hash,
+        generation=draw(st.integers(1, REV.generation)),
+        phase=draw(st.sampled_from(list(Phase))),
+        admitted_through=threshold,
+        admitted=draw(st.integers(0, 50)),
+        wave=draw(st.integers(0, 6)),
+        wave_complete_at=draw(st.sampled_from(["", "2027-01-15T08:00:00Z"])),
+    )
+
+
+@settings(max_examples=400, deadline=None)
+@given(specs, fleets(), any_statuses(), st.booleans(), st.booleans())
+def test_replanning_from_any_status_reaches_a_fixed_point_at_once(
+    spec: RolloutSpec, nodes: list[Node], status: RolloutStatus, paused: bool, abort: bool
+) -> None:
+    spec = msgspec.structs.replace(spec, paused=paused, abort=abort)
+    first = plan(spec, REV, nodes, status, T0 + 7200)
+    again = plan(spec, REV, nodes, first.status, T0 + 7200)
+    assert (again.status, again.events) == (first.status, ())
+    nxt = first.status
+    if nxt.phase != Phase.ABORTED:
+        assert order(nxt.admitted_through) >= order(status.admitted_through)
