@@ -191,10 +191,13 @@ class Publisher:
         return {k: dict(v) for k, v in self._desired.dropped.items() if v}
 
     def pending(self) -> int:
-        """Pools waiting for a sync (including those waiting for a grace, a backoff or their
-        plugin's first inventory)."""
-        queued = self._queue.waiting()
-        return len(queued) + len(self._held_for_inventory.difference(queued))
+        """Pools not yet as this agent will leave them: being synced, waiting for a sync
+        (including those waiting for a grace or a backoff), or held for their plugin's first
+        valid inventory."""
+        queued = {*self._queue.waiting(), *self._held_for_inventory}
+        if self._syncing is not None:
+            queued.add(self._syncing)  # its writes in flight: the pool is not as it will stay
+        return len(queued)
 
     def waiting(self) -> dict[PoolKey, float]:
         """Pools with desired slices waiting for a sync, and when each one's latest sync
