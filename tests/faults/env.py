@@ -17,7 +17,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -36,6 +35,7 @@ from tests.process.conftest import NotifyListener, nodeagent_command
 from tests.support.apiserver import ApiServer, start_apiserver
 from tests.support.crds import REPO_ROOT, apply_manifest, install_cnr_crd, install_cnr_node_access
 from tests.support.faultproxy import FaultProxy
+from tests.support.file_plugin import command
 from tests.support.nodeagentconfig import install_nodeagentconfig_crd
 from tests.support.wait import until
 
@@ -51,47 +51,6 @@ rules:
 - level: Metadata
   users: ["system:node:node-a", "token-user"]
 - level: None
-"""
-
-# A native-API DRA plugin in its own process: it publishes the device list in a JSON file
-# whenever the file changes (how a real driver republishes when its hardware changes).
-PLUGIN = f"""
-import json, os, sys, trio
-from nodeagent.sdk import Device, DevicePlugin
-
-async def main(registry_dir, path, register_as=None):
-    # register_as: serve from a private directory, then move the registration socket to this
-    # path (a second instance of the driver, "<driver>-<uid>-reg.sock" as in a rolling update).
-    endpoint = os.path.join(registry_dir, "dra.sock") if register_as else None
-    async with DevicePlugin.serve(
-        name={DRIVER!r}, registry_dir=registry_dir, api="native", pool={NODE!r},
-        endpoint=endpoint,
-    ) as plugin:
-        if register_as:
-            os.rename(os.path.join(registry_dir, {DRIVER + "-reg.sock"!r}), register_as)
-        seen = None
-        while True:
-            stamp = os.stat(path).st_mtime_ns
-            if stamp != seen:
-                seen = stamp
-                with open(path) as f:
-                    devices = json.load(f)
-                if os.path.exists(path + ".flood"):  # a flood: n distinct inventories first
-                    with open(path + ".flood") as f:
-                        n = int(f.read())
-                    for i in range(n):
-                        await plugin.publish([
-                            Device(d["name"], dict(d["attributes"], flood=i),
-                                   capacity=d["capacity"]) for d in devices
-                        ])
-                        await trio.sleep(0)
-                    os.unlink(path + ".flood")
-                await plugin.publish([
-                    Device(d["name"], d["attributes"], capacity=d["capacity"]) for d in devices
-                ])
-            await trio.sleep(0.05)
-
-trio.run(main, *sys.argv[1:])
 """
 
 WRITE_VERBS = ("create", "update", "patch", "delete", "deletecollection")
@@ -502,7 +461,7 @@ class FaultEnv:
 
     def start_plugin(self) -> None:
         self.plugin = subprocess.Popen(
-            [sys.executable, "-c", PLUGIN, self.registry, str(self.inventory_file)],
+            command("dra", self.registry, self.inventory_file, DRIVER, pool=NODE),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -515,7 +474,7 @@ class FaultEnv:
         inv.write_text(json.dumps(devices))
         sock = Path(self.registry) / f"{DRIVER}-second-reg.sock"
         proc = subprocess.Popen(
-            [sys.executable, "-c", PLUGIN, private, str(inv), str(sock)],
+            command("dra", private, inv, DRIVER, pool=NODE, register_as=str(sock)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )

@@ -345,6 +345,7 @@ class Invariants:
 
     def always(self) -> None:
         """One pass of the invariants that hold at every moment."""
+        self.plugins_run()
         for node in NODES:
             agent = self.world.agents[node]
             self.checks["no crash"] += 1
@@ -375,6 +376,18 @@ class Invariants:
                     self._config_a()
             except (ApiDown, OSError, RuntimeError, ValueError, KeyError):
                 continue  # the apiserver or the agent restarting: not observable now
+
+    def plugins_run(self) -> None:
+        """The soak's own plugin processes run until it stops them: one that exited by itself
+        (it could not start) would pass for a stopped plugin and prove nothing."""
+        for plugin in [*self.world.plugins, *self.world.reporters]:
+            self.checks["the soak's plugins run"] += 1
+            if plugin.proc is not None and plugin.proc.poll() is not None:
+                self.violation(
+                    "the soak's plugins run",
+                    f"{plugin.node}/{plugin.driver} exited {plugin.proc.returncode} unasked",
+                )
+                plugin.proc = None  # reported once; stopped, as far as the checks go
 
     def _induced_crash(self, node: str, code: int | None) -> bool:
         """The agent exited because the soak assigned it a crash-inducing config (its hook's

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from tests.soak.invariants import (
@@ -24,7 +26,7 @@ from tests.soak.invariants import (
     writes_of,
 )
 from tests.soak.runner import run
-from tests.soak.world import REPORTER, Plugin, inventory, report
+from tests.soak.world import Plugin, inventory, report
 
 SEED = 29  # fixed: the suite's verdict is the code's, not the draw's
 
@@ -126,7 +128,7 @@ def test_a_slow_config_not_rolled_back_as_it_must_be_is_seen() -> None:
 
 
 def test_a_reporter_missing_from_the_cnr_or_left_past_its_grace_is_seen(tmp_path: Path) -> None:
-    r = Plugin("node-a", "alpha", "/nonexistent", tmp_path / "r.json", program=REPORTER)
+    r = Plugin("node-a", "alpha", "/nonexistent", tmp_path / "r.json", kind="reporter")
     r.set_inventory(report("alpha", "s1"))
     r.proc = subprocess.Popen(["sleep", "30"])  # a running reporter, as far as the check goes
     try:
@@ -149,6 +151,19 @@ def test_an_unwritable_state_not_reported_or_not_recovered_is_seen() -> None:
     assert state_difference(ro, False, []) is None  # nothing tried to write yet
     assert state_difference(None, True, []) is None
     assert state_difference(None, True, failed)  # written again, the problem still shown
+
+
+def test_a_plugin_that_exited_by_itself_is_seen(tmp_path: Path) -> None:
+    lines: list[str] = []
+    plugin = Plugin("node-a", "d", "/nonexistent", tmp_path / "inv.json")
+    world = SimpleNamespace(plugins=[plugin], reporters=[])
+    inv = Invariants(world, Model(), 7, lines.append)  # type: ignore[arg-type]  # no world read
+    plugin.proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    plugin.proc.wait()
+    inv.plugins_run()
+    inv.plugins_run()  # reported once
+    assert len(inv.violations) == 1 and "exited 3 unasked" in lines[0], lines
+    assert not plugin.running
 
 
 def test_seeded_soak(tmp_path: Path) -> None:

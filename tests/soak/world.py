@@ -35,6 +35,7 @@ from tests.support.crds import (
     install_cnr_node_access,
 )
 from tests.support.faultproxy import FaultProxy
+from tests.support.file_plugin import command
 from tests.support.nodeagentconfig import install_nodeagentconfig_crd, loosen_nodeagentconfig_crd
 
 NODES = ("node-a", "node-b")
@@ -63,67 +64,6 @@ SETTINGS = (
     "plugins.scan_interval=0.2",
     "plugins.probe_interval=0.5",
     "agent.cluster_probe_interval=0.5",
-)
-
-# The loop both plugin programs run: ``send(plugin, data)`` with the JSON in a file whenever the
-# file changes. No signal handling (as a killed or OOM-killed plugin): SIGKILL and SIGTERM leave
-# its socket.
-WATCH = """
-import json, os, sys, trio
-
-async def watch(plugin, path, send):
-    seen = None
-    while True:
-        stamp = os.stat(path).st_mtime_ns
-        if stamp != seen:
-            seen = stamp
-            with open(path) as f:
-                await send(plugin, json.load(f))
-        await trio.sleep(0.05)
-"""
-
-# A native-API DRA plugin: publishes the device list in its file.
-PLUGIN = (
-    WATCH
-    + """
-from nodeagent.sdk import Device, DevicePlugin
-
-async def publish(plugin, devices):
-    await plugin.publish([
-        Device(d["name"], d["attributes"], capacity=d["capacity"]) for d in devices
-    ])
-
-async def main(registry_dir, path, driver, pool):
-    async with DevicePlugin.serve(
-        name=driver, registry_dir=registry_dir, api="native", pool=pool
-    ) as plugin:
-        await watch(plugin, path, publish)
-
-trio.run(main, *sys.argv[1:])
-"""
-)
-
-# A Katalyst reporter plugin (SDK `ReporterPlugin`): reports the CNR annotations of the list
-# ({"name", "value"}) in its file.
-REPORTER = (
-    WATCH
-    + """
-from nodeagent.sdk import ReporterPlugin
-from nodeagent.sdk.reports import ReportItem
-
-GVK = ("node.katalyst.kubewharf.io", "v1alpha1", "CustomNodeResource")
-
-async def report(plugin, fields):
-    await plugin.report([ReportItem(
-        *GVK, "Metadata", "Annotations", {d["name"]: d["value"] for d in fields}
-    )])
-
-async def main(registry_dir, path, name, node):
-    async with ReporterPlugin.serve(name=name, registry_dir=registry_dir) as plugin:
-        await watch(plugin, path, report)
-
-trio.run(main, *sys.argv[1:])
-"""
 )
 
 
@@ -155,7 +95,7 @@ class Plugin:
     devices: list[dict[str, Any]] = field(default_factory=list)
     proc: subprocess.Popen[bytes] | None = None
     stopped_at: float | None = None  # monotonic, when the soak last stopped it
-    program: str = PLUGIN  # PLUGIN (a DRA driver: devices) or REPORTER (devices: its fields)
+    kind: str = "dra"  # "dra" (a DRA driver: devices) or "reporter" (devices: its fields)
 
     @property
     def running(self) -> bool:
@@ -168,16 +108,10 @@ class Plugin:
         os.replace(tmp, self.inventory_file)
 
     def start(self) -> None:
+        # tests/support/file_plugin.py: no signal handling, so a kill leaves its socket.
+        pool = self.node if self.kind == "dra" else ""
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                self.program,
-                self.registry,
-                str(self.inventory_file),
-                self.driver,
-                self.node,
-            ],
+            command(self.kind, self.registry, self.inventory_file, self.driver, pool=pool),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -295,7 +229,7 @@ class World:
     kubeconfigs: dict[str, Path] = field(default_factory=dict)
     agents: dict[str, Agent] = field(default_factory=dict)
     plugins: list[Plugin] = field(default_factory=list)
-    reporters: list[Plugin] = field(default_factory=list)  # program REPORTER
+    reporters: list[Plugin] = field(default_factory=list)  # kind "reporter"
     agent_runs: int = 0
     read_only: set[str] = field(default_factory=set)  # nodes whose checkpoints are mounted ro
     full: set[str] = field(default_factory=set)  # nodes whose state file system is full
@@ -351,7 +285,7 @@ class World:
 
     def add_reporter(self, node: str, name: str, tag: str) -> Plugin:
         path = self.dir / f"report-{node}-{name}.json"
-        reporter = Plugin(node, name, self.registries[node], path, program=REPORTER)
+        reporter = Plugin(node, name, self.registries[node], path, kind="reporter")
         reporter.set_inventory(report(name, tag))
         reporter.start()
         self.reporters.append(reporter)
