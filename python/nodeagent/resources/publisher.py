@@ -124,10 +124,6 @@ class Publisher:
         # Drivers whose desired slices are being rebuilt in a worker thread: their inventory
         # state is already new, their desired slices not yet.
         self._building: set[str] = set()
-        # Pools held for their plugin's first valid inventory (`Deferral.NO_INVENTORY`): out of
-        # the queue (the inventory queues them), still pending: what is published may be
-        # anything the last agent left, a half-written pool too.
-        self._held_for_inventory: set[PoolKey] = set()
         self._taken_version = -1  # the newest plugins snapshot taken in
         self._taken = Pulse()
 
@@ -194,10 +190,21 @@ class Publisher:
         """Pools not yet as this agent will leave them: being synced, waiting for a sync
         (including those waiting for a grace or a backoff), or held for their plugin's first
         valid inventory."""
-        queued = {*self._queue.waiting(), *self._held_for_inventory}
+        queued = {*self._queue.waiting(), *self._held_for_inventory()}
         if self._syncing is not None:
             queued.add(self._syncing)  # its writes in flight: the pool is not as it will stay
         return len(queued)
+
+    def _held_for_inventory(self) -> set[PoolKey]:
+        """Pools of plugins registered with no valid inventory since the start
+        (`Deferral.NO_INVENTORY`): out of the queue (their inventory queues them), what is
+        published is whatever the last agent left, a half-written pool too."""
+        drivers = self._tracker.drivers
+        return {
+            k
+            for k in self._pools()
+            if (s := drivers.get(k[0])) is not None and s.registered and s.inventory is None
+        }
 
     def waiting(self) -> dict[PoolKey, float]:
         """Pools with desired slices waiting for a sync, and when each one's latest sync
@@ -378,10 +385,6 @@ class Publisher:
             delay = self._queue.done(key, failed=failed, keep_backoff=stale)
             if deferred is not None and deferred.again is not None:
                 self._queue.add(key, deferred.again)
-            if deferred is not None and deferred.reason is Deferral.NO_INVENTORY:
-                self._held_for_inventory.add(key)
-            else:
-                self._held_for_inventory.discard(key)
             metrics.SYNC_SECONDS.observe(time.perf_counter() - t0)
             metrics.QUEUE_DEPTH.set(len(self._queue))
             self._outcomes.show()
