@@ -115,8 +115,41 @@ def reporter_report(inv: Invariants, rng: random.Random) -> str:
     return f"reporter {r.node}/{r.driver} reports {r.devices[0]['value']}"
 
 
+RESUME_INVARIANT = "a trial stopped cleanly while the state is unwritable is resumed"
+
+
+def _trial_left(inv: Invariants) -> dict[str, object] | None:
+    """node-a's trial now, if it has seconds enough left to outlive a restart (None: none)."""
+    try:
+        trial = inv.world.agents["node-a"].doc("/v1/config")["dynamic"]["trial"]
+    except (ApiDown, OSError, RuntimeError, ValueError, KeyError, TypeError):
+        return None  # the agent restarting: not observable now
+    if not isinstance(trial, dict) or float(trial.get("remaining") or 0) < 5:
+        return None
+    return trial
+
+
+def check_resumed(inv: Invariants, trial: dict[str, object]) -> None:
+    """After a SIGTERM during a trial while the state could not be written, the new agent
+    resumed it from the runtime directory's copy (607b45e): not rolled back."""
+    boot = inv.world.agents["node-a"].doc("/v1/config")["dynamic"].get("boot") or {}
+    inv.checks[RESUME_INVARIANT] += 1
+    reason = str(boot.get("reason"))
+    if boot.get("source") != "resumed" or "runtime directory" not in reason:
+        inv.violation(
+            RESUME_INVARIANT,
+            f"trial of {trial.get('hash')} ({trial.get('remaining')} s left): the next start "
+            f"says {boot.get('source')}: {reason}",
+        )
+
+
 def _restart_agent(inv: Invariants, signum: int) -> None:
     model = inv.model
+    # A clean stop during a trial while the state cannot be written: the trial goes on at the
+    # next start, read from the runtime directory (its restarts below the crash-loop limit).
+    trial = _trial_left(inv) if signum == signal.SIGTERM and inv.world.faulty() else None
+    if trial is not None and int(str(trial.get("restarts") or 0)) + 1 >= CRASHLOOP_RESTARTS:
+        trial = None
     for good in model.trial_candidates():
         # A config that may be on trial when the agent dies: a SIGKILL is a crash during its
         # trial, the CRASHLOOP_RESTARTS-th clean stop counts as crash-looping (both documented).
@@ -129,6 +162,8 @@ def _restart_agent(inv: Invariants, signum: int) -> None:
     stop_agent(inv, "node-a", signum)
     inv.model.write_tried = False  # a new process: no write tried yet, no problem to report
     inv.world.start_agent("node-a")
+    if trial is not None:
+        check_resumed(inv, trial)
 
 
 def agent_sigterm(inv: Invariants, rng: random.Random) -> str:
@@ -227,6 +262,10 @@ def config_crash(inv: Invariants, rng: random.Random) -> str:
     _put_config(inv, config)
     digest = config_hash(config)
     inv.model.target, inv.model.marker = "crash", marker
+    if inv.world.faulty():
+        # Its trial cannot be recorded: deferred (the older config running) until the state
+        # can be written, then applied, the crash and its rollback.
+        inv.model.deferred = True
     inv.model.crash_hashes[marker] = digest
     inv.model.hashes[digest] = marker
     return f"NodeAgentConfig {NAC_NAME} crash-inducing (hash {digest}): {config}"
@@ -319,7 +358,9 @@ def _state_fault(inv: Invariants, rng: random.Random, fault: str | None) -> str:
     reports the write it could not make, or the problem is gone once a write went through."""
     model = inv.model
     model.state_fault = fault
-    if fault is not None and model.target == "good":
+    if fault is not None:
+        model.unsaved = True  # a dynconfig state write may fail now, retried once writable
+    if fault is not None and model.target in ("good", "crash"):
         model.deferred = True  # a config assigned a moment ago may not have started its trial
     model.write_tried = _new_report_a(inv, rng)
     return f"(write tried: {model.write_tried})"
@@ -348,13 +389,10 @@ def state_freed(inv: Invariants, rng: random.Random) -> str:
 
 
 def _may_break_state(inv: Invariants) -> bool:
-    """Not while a crash-inducing config may still be taken on trial (a crash-inducing config
-    whose trial is deferred is not driven yet: docs/testing/soak.md), nor while the state is
-    already unwritable (one fault at a time)."""
-    m = inv.model
-    crash_pending = m.target == "crash" and m.crash_exits[m.marker] == 0
+    """Not while the state is already unwritable (one fault at a time). A crash-inducing config
+    may be pending: its trial is deferred until the state can be written (607b45e)."""
     ready = inv.world.checkpoints("node-a").is_dir()  # made by the agent's first start
-    return not inv.world.faulty() and not crash_pending and ready and _can_mount(inv)
+    return not inv.world.faulty() and ready and _can_mount(inv)
 
 
 def config_delete(inv: Invariants, rng: random.Random) -> str:
@@ -435,7 +473,7 @@ TABLE = (
     Event("apiserver_restart", 1, lambda inv: True, apiserver_restart),
     Event("config_good", 3, lambda inv: True, config_good),
     Event("config_invalid", 1, lambda inv: True, config_invalid),
-    Event("config_crash", 1, lambda inv: not inv.world.faulty(), config_crash),
+    Event("config_crash", 1, lambda inv: True, config_crash),
     Event(
         "config_slow",
         1,

@@ -43,6 +43,7 @@ REPORTER_GRACE = 2.0  # reporter.grace in world.SETTINGS
 TRIAL_DURATION = 20.0  # dynconfig.trial_duration in world.SETTINGS
 RETRY_MAX = 60.0  # seconds between two tries of a failed dynconfig write, at most
 REPORTER_CHECKPOINT = "reporter_manager_checkpoint"  # the reporter store's checkpoint name
+DYNCONFIG_CHECKPOINT = "dynconfig_state"  # the dynconfig state's checkpoint name
 CRASHLOOP_RESTARTS = 3  # dynconfig.crashloop_restarts (default)
 RSS_GROWTH = 64 * 2**20  # bytes above an agent's baseline, sustained over five samples
 FD_GROWTH = 32  # open files above an agent's baseline, sustained over five samples
@@ -66,15 +67,29 @@ class Model:
     target: str | None = None  # "good", "invalid" or "crash": the NodeAgentConfig for node-a
     marker: float = LOCAL_SCAN  # its plugins.scan_interval (good and invalid ranges disjoint)
     invalid_markers: set[float] = field(default_factory=set)
-    # The good config assigned last, and the one the agent was last seen running on trial: the
-    # ones a kill can catch during their trial (a config just assigned may not be applied yet;
-    # an invalid one is refused and leaves the trial running).
+    # The good config assigned last, and the ones the agent may still be running on trial:
+    # those a kill can catch during their trial. A config just assigned may not be applied
+    # yet, an invalid one is refused and leaves the trial running, and one assigned while the
+    # state cannot be written is deferred (`TrialDeferred`) and leaves the running config's
+    # trial going (seed 7 step 444: the soak blamed neither). A config seen on trial stays a
+    # candidate until the agent shows another trial or none (Active, Local).
     last_good: float | None = None
-    on_trial: float | None = None
+    on_trial: set[float] = field(default_factory=set)
     hashes: dict[str, float] = field(default_factory=dict)  # config hash -> its marker
 
     def trial_candidates(self) -> set[float]:
-        return {m for m in (self.last_good, self.on_trial) if m is not None}
+        return {m for m in (self.last_good, *self.on_trial) if m is not None}
+
+    def saw_trial(self, dyn: dict[str, Any]) -> None:
+        """Follows what may be on trial from the agent's /v1/config `dynamic` part."""
+        trial = dyn.get("trial") or {}
+        marker = self.hashes.get(trial.get("hash") or "")
+        if trial:
+            # A trial starts only once it is recorded, and a recorded trial ends the one
+            # before it.
+            self.on_trial = {marker} if marker is not None else set()
+        elif dyn.get("reason") in ("Active", "Local"):
+            self.on_trial = set()
 
     # Good configs the soak put at risk of a (legitimate) rollback: node-a SIGKILLed while it
     # was assigned (a crash during its trial), or stopped cleanly CRASHLOOP_RESTARTS times.
@@ -102,6 +117,9 @@ class Model:
     # cannot be recorded, so it is not applied (`TrialDeferred`) until a write succeeds (retried,
     # the wait doubling to RETRY_MAX); cleared once node-a converged on a writable state.
     deferred: bool = False
+    # The state was unwritable since node-a last converged on a writable one: a dynconfig
+    # state write may have failed, to be retried (RETRY_MAX) once writable.
+    unsaved: bool = False
 
 
 @dataclass
@@ -179,13 +197,29 @@ def state_difference(fault: str | None, write_tried: bool, problems: list[str]) 
     """Why node-a's checkpoint problems (/v1/status) do not say what its state directory is
     (None: they do): unwritable (`fault`: the error, "Read-only file system" or "No space left
     on device") with a write tried, the reporter checkpoint's write failure reported with that
-    error; writable with a write made, no problem of the reporter checkpoint left."""
+    error; writable with a write made, no problem of the reporter checkpoint left; writable,
+    no problem of the dynconfig state left (its failed write is retried until it succeeds, the
+    wait doubling to RETRY_MAX, with no config change needed)."""
     mine = [p for p in problems if REPORTER_CHECKPOINT in p]
     if fault is not None and write_tried and not any(fault in p for p in mine):
         return f"node-a: state unwritable ({fault}) and a write tried, problems reported {problems}"
     if fault is None and write_tried and mine:
         return f"node-a: state writable again and written, problems still reported {mine}"
+    dynconfig = [p for p in problems if DYNCONFIG_CHECKPOINT in p]
+    if fault is None and dynconfig:
+        return f"node-a: state writable again, the dynconfig state not written: {dynconfig}"
     return None
+
+
+def deferred(model: Model, dyn: dict[str, Any], scan: float) -> bool:
+    """node-a holds the config assigned back (`TrialDeferred`, the older one running) because
+    it was assigned while the state could not be written: allowed while it cannot."""
+    return (
+        model.deferred
+        and model.state_fault is not None
+        and dyn.get("reason") == "TrialDeferred"
+        and scan != model.marker
+    )
 
 
 def parse_metrics(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -517,8 +551,7 @@ class Invariants:
         active_hash = (dyn.get("active") or {}).get("hash")
         if active_hash and active_hash != "local":
             self.model.hashes[active_hash] = scan
-        trial = dyn.get("trial") or {}
-        self.model.on_trial = self.model.hashes.get(trial.get("hash") or "")
+        self.model.saw_trial(dyn)
         self.checks["a good config is never rolled back"] += 1
         rec = self.records.setdefault(agent.run, AgentRecord())
         boot = dyn.get("boot") or {}
@@ -623,6 +656,8 @@ class Invariants:
             elif model.target == "invalid":
                 if dyn.get("reason") != "ConfigInvalid":
                     out.append(f"{node}: {mine}, want ConfigInvalid")
+            elif model.target == "crash" and deferred(model, dyn, scan):
+                pass  # its trial cannot be recorded: not applied (nor crashing) until it can
             elif model.target == "crash":
                 out += crash_difference(model.marker, model.crash_hashes[model.marker], scan, cond)
             elif model.target == "slow":
@@ -631,12 +666,7 @@ class Invariants:
             elif model.marker in model.rolled_back:
                 if scan == model.marker:
                     out.append(f"{node}: runs the rolled-back config {scan} ({mine})")
-            elif (
-                model.deferred
-                and model.state_fault is not None
-                and dyn.get("reason") == "TrialDeferred"
-                and scan != model.marker
-            ):
+            elif deferred(model, dyn, scan):
                 pass  # its trial cannot be recorded: not applied until the state is writable
             elif scan != model.marker or dyn.get("reason") not in ("OnTrial", "Active"):
                 out.append(f"{node}: runs scan_interval {scan} ({mine}), want {model.marker}")
@@ -660,14 +690,15 @@ class Invariants:
             elif self.model.target == "slow":
                 name = SLOW_INVARIANT
             bound = SETTLE_BOUND
-            if self.model.deferred and self.model.state_fault is None:
-                # A deferred trial's marker is written again at the next retry, at most
-                # RETRY_MAX after the state became writable.
+            if (self.model.deferred or self.model.unsaved) and self.model.state_fault is None:
+                # A deferred trial's marker, or the dynconfig state a write failed to save, is
+                # written again at the next retry, at most RETRY_MAX after the state became
+                # writable.
                 bound += RETRY_MAX
             if not last:
                 self.checks[name] += 1
                 if self.model.state_fault is None:
-                    self.model.deferred = False
+                    self.model.deferred = self.model.unsaved = False
                 return time.monotonic() - since
             if time.monotonic() - start > bound:
                 self.checks[name] += 1

@@ -11,6 +11,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tests.soak.events import check_resumed
 from tests.soak.invariants import (
     FOREIGN,
     Invariants,
@@ -151,6 +152,44 @@ def test_an_unwritable_state_not_reported_or_not_recovered_is_seen() -> None:
     assert state_difference(ro, False, []) is None  # nothing tried to write yet
     assert state_difference(None, True, []) is None
     assert state_difference(None, True, failed)  # written again, the problem still shown
+
+
+def test_the_dynconfig_state_not_written_once_writable_is_seen() -> None:
+    """Issue 29 item 1: its failed write is retried until it succeeds, no config change
+    needed."""
+    failed = ["checkpoint dynconfig_state not written: Read-only file system"]
+    assert state_difference("Read-only file system", False, failed) is None
+    assert state_difference(None, False, failed)
+
+
+def test_a_config_deferred_leaves_the_running_trial_at_risk() -> None:
+    """Seed 7 step 444: 0.3874 on trial, the state read-only, 0.3884 assigned (deferred), the
+    agent SIGKILLed: a rollback of 0.3874 is the soak's doing. A config seen on trial stays a
+    candidate while the agent shows no other trial and none ended (Active, Local)."""
+    model = Model(hashes={"h1": 0.3874, "h2": 0.3884})
+    model.saw_trial({"reason": "OnTrial", "trial": {"hash": "h1"}})
+    model.last_good = 0.3884
+    model.saw_trial({"reason": "TrialDeferred", "trial": None})
+    assert model.trial_candidates() == {0.3874, 0.3884}
+    model.saw_trial({"reason": "OnTrial", "trial": {"hash": "h2"}})  # its trial recorded
+    assert model.trial_candidates() == {0.3884}
+    model.saw_trial({"reason": "Active", "trial": None})
+    assert model.trial_candidates() == {0.3884}  # the last assigned, as before
+
+
+def test_a_trial_not_resumed_after_a_clean_stop_while_unwritable_is_seen() -> None:
+    boot: dict[str, Any] = {}
+    agent = SimpleNamespace(doc=lambda path: {"dynamic": {"boot": boot}})
+    world = SimpleNamespace(agents={"node-a": agent}, plugins=[], reporters=[])
+    lines: list[str] = []
+    inv = Invariants(world, Model(), 7, lines.append)  # type: ignore[arg-type]  # no world read
+    trial: dict[str, object] = {"hash": "h1", "remaining": 12.0}
+    boot.update(source="resumed", reason="... (from the runtime directory (...)): resumed")
+    check_resumed(inv, trial)
+    assert not inv.violations
+    boot.update(source="rollback", reason="the agent died during its trial: h1")
+    check_resumed(inv, trial)
+    assert len(inv.violations) == 1 and "rollback" in lines[0], lines
 
 
 def test_a_plugin_that_exited_by_itself_is_seen(tmp_path: Path) -> None:
