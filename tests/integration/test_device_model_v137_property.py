@@ -38,7 +38,7 @@ from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 from tests.support.dra_reference import desired as reference
 from tests.support.quantity import parse_quantity
 
-pytestmark = [pytest.mark.integration, pytest.mark.releases]
+pytestmark = pytest.mark.integration
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"

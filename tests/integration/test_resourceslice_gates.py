@@ -37,7 +37,7 @@ from tests.integration.test_resourceslices import (
 from tests.support.apiserver import ApiServer, start_apiserver
 from tests.support.wait import NotYet, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.releases]
+pytestmark = pytest.mark.integration
 
 # What the agent can write and 1.35 gates: taints, counters, consumable capacity, binding
 # conditions (which need DRAResourceClaimDeviceStatus too).

@@ -27,7 +27,7 @@ from nodeagent.resources.model import (
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 from tests.support.quantity import QuantityError, canonicalize
 
-pytestmark = [pytest.mark.integration, pytest.mark.releases]
+pytestmark = pytest.mark.integration
 
 PATH = "/apis/resource.k8s.io/v1/resourceslices?dryRun=All"
 SUFFIXES = ["", "n", "u", "m", "k", "M", "G", "T", "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]

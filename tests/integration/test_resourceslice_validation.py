@@ -37,7 +37,7 @@ from tests.integration.test_resourceslice_gates import _start
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 from tests.support.dra_reference import desired as reference
 
-pytestmark = [pytest.mark.integration, pytest.mark.releases]
+pytestmark = pytest.mark.integration
 
 DRIVER = "gpu.example.com"
 NODE = "node-a"

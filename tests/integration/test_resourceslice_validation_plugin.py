@@ -36,7 +36,7 @@ from tests.integration.test_resourceslice_validation import (
 )
 from tests.support.apiserver import ApiServer, newest_release, start_apiserver
 
-pytestmark = [pytest.mark.integration, pytest.mark.releases]
+pytestmark = pytest.mark.integration
 
 KELVIN, DOTTED_I = "\u212a", "\u0130"
 
