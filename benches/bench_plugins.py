@@ -44,7 +44,7 @@ from grpclib.server import Server, Stream
 
 from benches.report import print_uncaptured
 from nodeagent.plugins import PluginManager, PluginSettings
-from nodeagent.plugins.reporter import validate_report
+from nodeagent.plugins.reporter_plugin import validate_report
 from nodeagent.protos.pluginregistration.v1 import api_grpc as reg_grpc
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_grpc as rep_grpc

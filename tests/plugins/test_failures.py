@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from nodeagent.core.errors import ConfigError
 from nodeagent.plugins import PluginData, PluginManager, PluginSettings
 from nodeagent.plugins.handler import PluginEndpoint
-from nodeagent.plugins.reporter import ReporterHandler
+from nodeagent.plugins.reporter_plugin import ReporterHandler
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.rpc import GrpcBridge

@@ -15,7 +15,7 @@ from nodeagent.core.plugindata import PluginData
 from nodeagent.plugins.dra import DraHandler
 from nodeagent.plugins.handler import PluginEndpoint, PluginHandler
 from nodeagent.plugins.manager import PluginManager
-from nodeagent.plugins.reporter import ReporterHandler
+from nodeagent.plugins.reporter_plugin import ReporterHandler
 from nodeagent.plugins.settings import PluginSettings
 
 __all__ = [

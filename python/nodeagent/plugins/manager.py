@@ -24,7 +24,7 @@ from nodeagent.plugins.executor import OperationExecutor
 from nodeagent.plugins.handler import PluginHandler, PluginValidationError
 from nodeagent.plugins.monitor import ConnectionMonitor
 from nodeagent.plugins.reconciler import Reconciler
-from nodeagent.plugins.reporter import ReporterHandler
+from nodeagent.plugins.reporter_plugin import ReporterHandler
 from nodeagent.plugins.security import UidCheck, allowed_uids_check
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.state import Caches, PluginState, SocketIdentity

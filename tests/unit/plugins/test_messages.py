@@ -6,7 +6,7 @@ import pytest
 
 from nodeagent.plugins.dra import validate_resources
 from nodeagent.plugins.handler import InvalidMessage
-from nodeagent.plugins.reporter import validate_report
+from nodeagent.plugins.reporter_plugin import validate_report
 from nodeagent.protos.dra.v1alpha3 import api_pb2 as dra
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.sdk import Device, Quantity, ReportItem, SemVer, build_report, build_resources

@@ -16,7 +16,7 @@ import trio
 import trio.testing
 
 from nodeagent.plugins.manager import PluginManager
-from nodeagent.plugins.reporter import ReporterHandler
+from nodeagent.plugins.reporter_plugin import ReporterHandler
 from nodeagent.protos.pluginregistration.v1 import api_pb2 as reg
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
 from nodeagent.rpc.bridge import RpcError

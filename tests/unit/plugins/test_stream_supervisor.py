@@ -14,7 +14,7 @@ import trio.lowlevel
 from prometheus_client import REGISTRY
 
 from nodeagent.plugins.handler import PluginEndpoint
-from nodeagent.plugins.reporter import validate_report
+from nodeagent.plugins.reporter_plugin import validate_report
 from nodeagent.plugins.settings import PluginSettings
 from nodeagent.plugins.streaming import StreamingHandler
 from nodeagent.protos.reporterplugin.v1alpha1 import api_pb2 as rep
