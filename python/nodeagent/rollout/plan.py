@@ -7,11 +7,13 @@ Rules, in order (each a decision; docs/architecture/rollout.md has the state mac
 1. a config the status does not roll out starts a new rollout: nobody admitted, the canary first;
 2. ``spec.rollout.abort``, or failures at the failure policy's limit with ``revert``: Aborted,
    nobody admitted (every node that took the config returns to its previous one);
-3. failures at the limit: Halted, admission frozen where it is;
+3. failures at the limit, or failed nodes filling ``maxUnavailable`` (they stay failed, so
+   nobody could be admitted again): Halted, admission frozen where it is;
 4. ``spec.rollout.paused``: Paused, admission frozen where it is;
 5. else Progressing: admit, in rank order, up to the current wave's share while at most
    ``maxUnavailable`` admitted nodes are not through their trial; a wave whose nodes all passed
-   starts the pause, after which the next wave opens; the last wave done is Complete.
+   (or failed, under the limit) starts the pause, after which the next wave opens; the last
+   wave done is Complete.
 The threshold only moves forward (further in the rank order), except to ``none`` on abort.
 """
 
@@ -49,6 +51,9 @@ class NodeState(enum.StrEnum):
     ACTIVE = "active"  # through the trial
     ROLLED_BACK = "rolled-back"  # unhealthy or crashed during the trial, went back
     FAILED = "failed"  # refused it: invalid or vetoed
+
+
+_FAILED = (NodeState.ROLLED_BACK, NodeState.FAILED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +142,12 @@ def plan(
     ranked = sorted((rank_key(n.name, revision.uid, prev.generation, n.canary), n) for n in nodes)
     keys = [key for key, _ in ranked]
     ok = [node.state == NodeState.ACTIVE for _, node in ranked]
+    bad = [node.state in _FAILED for _, node in ranked]
     counts = _counts(nodes)
     targets = wave_targets(spec, len(nodes))
     failures = counts.rolled_back + counts.failed
     limit = failure_limit(spec, len(nodes))
+    budget = max_unavailable(spec, len(nodes))
     base = msgspec.structs.replace(prev, observed_generation=revision.generation, counts=counts)
 
     if spec.abort or (failures >= limit and spec.failure_policy.revert):
@@ -164,6 +171,18 @@ def plan(
             halted_reason=why,
             message=f"halted at wave {prev.wave}: {why}",
         )
+    elif _stuck(keys, bad, prev.admitted_through, budget):
+        # Failures under the limit are tolerated, but a failed node stays failed (its agent
+        # does not retry a config it judged bad), so once they fill maxUnavailable nobody can
+        # ever be admitted again: say so rather than show a rollout that never moves.
+        why = f"failed nodes use all of maxUnavailable ({budget})"
+        nxt = msgspec.structs.replace(
+            base,
+            phase=Phase.HALTED,
+            admitted=_admitted_count(keys, prev.admitted_through),
+            halted_reason=why,
+            message=f"halted at wave {prev.wave}: {why}; raise it or change the config",
+        )
     elif spec.paused:
         nxt = msgspec.structs.replace(
             base,
@@ -173,12 +192,17 @@ def plan(
             message=f"paused at wave {prev.wave} (spec.rollout.paused)",
         )
     else:
-        nxt = _progress(spec, base, keys, ok, targets, now)
+        nxt = _progress(spec, base, keys, ok, bad, targets, now)
     return Plan(nxt, tuple(_events(None if fresh else status, nxt)))
 
 
 def _failed(failures: int, limit: int) -> str:
     return f"{failures} node(s) rolled back or refused the config (limit {limit})"
+
+
+def _stuck(keys: Sequence[str], bad: Sequence[bool], threshold: str, budget: int) -> bool:
+    admitted = _admitted_count(keys, threshold)
+    return admitted < len(keys) and sum(bad[:admitted]) >= budget
 
 
 def _admitted_count(keys: Sequence[str], threshold: str) -> int:
@@ -190,6 +214,7 @@ def _progress(
     base: RolloutStatus,
     keys: Sequence[str],
     ok: Sequence[bool],
+    bad: Sequence[bool],
     targets: Sequence[tuple[int, int]],
     now: float,
 ) -> RolloutStatus:
@@ -214,7 +239,10 @@ def _progress(
             # A node admitted already through its trial (it ran the config before an abort)
             # counts as through at once: one plan reaches the fixed point a replan would.
             passed = sum(ok[:admitted])
-        if admitted < target or passed < admitted:
+        # Done with the wave: every admitted node through its trial or failed (a failure under
+        # the failure policy's limit is tolerated; it still uses maxUnavailable).
+        finished = sum(o or b for o, b in zip(ok[:admitted], bad[:admitted], strict=True))
+        if admitted < target or finished < admitted:
             break  # the wave is still being admitted or tried
         if index == len(targets) - 1:
             return msgspec.structs.replace(
@@ -225,7 +253,7 @@ def _progress(
                 wave=wave,
                 wave_complete_at=complete_at or _stamp(now),
                 halted_reason="",
-                message=f"complete: {len(keys)} node(s) run the config",
+                message=f"complete: {sum(ok)} of {len(keys)} node(s) run the config",
             )
         if not complete_at:
             complete_at = _stamp(now)

@@ -295,3 +295,31 @@ def test_replanning_from_any_status_reaches_a_fixed_point_at_once(
     nxt = first.status
     if nxt.phase != Phase.ABORTED:
         assert order(nxt.admitted_through) >= order(status.admitted_through)
+
+
+def test_tolerated_failures_finish_their_wave_until_they_fill_max_unavailable() -> None:
+    spec = RolloutSpec(
+        canary=Canary(count=2),
+        waves=(100,),
+        max_unavailable=2,
+        failure_policy=FailurePolicy(max_failures=3),
+    )
+    nodes = [Node(f"n{i}", False) for i in range(6)]
+    status = plan(spec, REV, nodes, None, T0).status
+    first, second = (n.name for n in inside(nodes, status))
+    verdict = {first: NodeState.ROLLED_BACK, second: NodeState.ACTIVE}
+    nodes = [dataclasses.replace(n, state=verdict.get(n.name, n.state)) for n in nodes]
+    # One failure (under the limit) ends the canary like a pass; it still holds one of the two.
+    opened = plan(spec, REV, nodes, status, T0).status
+    assert (opened.phase, opened.wave, opened.admitted) == (Phase.PROGRESSING, 1, 3)
+    third = next(n.name for n in inside(nodes, opened) if n.name not in verdict)
+    nodes = [
+        dataclasses.replace(n, state=NodeState.FAILED) if n.name == third else n for n in nodes
+    ]
+    # Two failed nodes fill maxUnavailable for good: halted, with the reason, not stuck.
+    stuck = plan(spec, REV, nodes, opened, T0)
+    assert stuck.status.phase == Phase.HALTED and stuck.status.admitted == 3
+    assert "maxUnavailable" in stuck.status.halted_reason
+    assert [e.reason for e in stuck.events] == ["RolloutHalted"]
+    raised = msgspec.structs.replace(spec, max_unavailable=3)
+    assert plan(raised, REV, nodes, stuck.status, T0).status.admitted == 4
