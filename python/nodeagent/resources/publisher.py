@@ -260,10 +260,15 @@ class Publisher:
         return {*self._desired, *observed}
 
     async def _follow_settings(self, version: int) -> None:
-        # Pools held for a grace wait for a deadline computed with the old value: look again.
+        # Pools held for a grace (or an interval, a backoff) wait in the queue for a time
+        # computed with the old values: look again. Only those: a pool not queued waits for
+        # no time (a deferral without one is queued by a change of state), and queueing it
+        # would only hold it behind its min_sync_interval, counted by readiness as "not
+        # written yet" although its slices are what it wants. The pool being synced computes
+        # its deferral and queues it with no checkpoint in between, under the newest values.
         while True:
             version, _ = await self._live.wait_newer(version)
-            self._queue_pools(self._pools())
+            self._queue_pools(self._queue.waiting())
 
     # -- inputs ---------------------------------------------------------------------------
 

@@ -74,3 +74,23 @@ async def test_a_shorter_disconnect_grace_applies_to_a_plugin_already_gone(
         await trio.sleep(6)
         await settle()
         assert cluster.objects == {}
+
+
+async def test_a_settings_change_leaves_a_published_pool_not_waiting(autojump_clock: Any) -> None:
+    # A long min_sync_interval (an operator throttling writes): a settings change used to
+    # queue every pool again, and a pool whose slices already were what it wants waited out
+    # the interval counted by readiness as "its changes are not written yet" (the soak's
+    # config_slow rollback named such a pool).
+    cluster, plugins = FakeCluster(), Plugins()
+    live = LatestValue(ResourcesSettings(startup_grace=0.0, min_sync_interval=1000.0))
+    async with running_live(cluster, plugins, live) as pub:
+        plugins.send(inventory(3))
+        await settle()
+        assert len(cluster.writes()) == 1
+        assert pub.waiting() == {}
+        _swap(live, min_sync_interval=900.0)
+        await settle()
+        assert pub.waiting() == {}
+        assert pub.pending() == 0
+        await trio.sleep(1000)
+        assert len(cluster.writes()) == 1

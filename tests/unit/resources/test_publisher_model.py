@@ -59,6 +59,7 @@ from hypothesis.stateful import (
 )
 
 from nodeagent.accumulator.model import QueryState, QueryStatus
+from nodeagent.core.latest import LatestValue
 from nodeagent.kube import CORE_EVENTS
 from nodeagent.kube.errors import Conflict, Invalid, ServiceUnavailable, TransportError
 from nodeagent.resources.publisher import Publisher
@@ -264,6 +265,17 @@ class PublisherModel(RuleBasedStateMachine):
         self.scope: trio.CancelScope | None = None
         self.pub: Publisher | None = None
         self.source: FakeSource | None = None
+        # The agent's settings, changed at run time by `settings_change`, kept over restarts.
+        self.live = LatestValue(
+            ResourcesSettings(
+                # Restarts below come with the plugin still registered: with no start-up
+                # grace, a slice seen before the inventory is taken in would be deleted.
+                startup_grace=5.0,
+                disconnect_grace=DISCONNECT_GRACE,
+                min_sync_interval=0.0,
+                invalid_retry_interval=INVALID_RETRY,
+            )
+        )
         self.loop.run(self._start)
 
     def teardown(self) -> None:
@@ -280,14 +292,7 @@ class PublisherModel(RuleBasedStateMachine):
         pub = Publisher(
             node_name="node-a",
             inventories=self.plugins.latest,
-            settings=ResourcesSettings(
-                # Restarts below come with the plugin still registered: with no start-up
-                # grace, a slice seen before the inventory is taken in would be deleted.
-                startup_grace=5.0,
-                disconnect_grace=DISCONNECT_GRACE,
-                min_sync_interval=0.0,
-                invalid_retry_interval=INVALID_RETRY,
-            ),
+            settings=self.live,
             client=self.cluster,
             slices=(source := self.cluster.source),
         )
@@ -463,6 +468,25 @@ class PublisherModel(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.01, 0.2, 1.1, 5.0, 31.0, 601.0]))
     def advance(self, seconds: float) -> None:
         self.step(lambda: self.loop.clock.jump(seconds))
+
+    @rule(
+        min_sync_interval=st.sampled_from([0.0, 2.0, 30.0]),
+        disconnect_grace=st.sampled_from([DISCONNECT_GRACE, 5.0]),
+    )
+    def settings_change(self, min_sync_interval: float, disconnect_grace: float) -> None:
+        """A dynamic config change: held pools look again under the new values; a claimed
+        pool stays claimed (nothing written, not waiting: readiness must not count it as
+        unpublished behind a long min_sync_interval, issue 29)."""
+        claimed = self.claimed()
+        before = self.writes()
+        new = msgspec.structs.replace(
+            self.live.value, min_sync_interval=min_sync_interval, disconnect_grace=disconnect_grace
+        )
+        self.step(lambda: self.live.set(new))
+        if claimed:
+            assert self.pub is not None
+            assert self.pub.waiting() == {} and self.claimed(), self.pub.waiting()
+            assert self.writes() == before, self.cluster.calls[before:]
 
     @precondition(lambda self: not self.relisting)
     @rule()
