@@ -102,7 +102,7 @@ def wave_targets(spec: RolloutSpec, targeted: int) -> list[tuple[int, int]]:
         out.append((0, canary))
     floor = canary
     for index, percent in enumerate(spec.waves, start=1):
-        floor = max(floor, -(-percent * targeted // 100))
+        floor = max(floor, min(targeted, -(-percent * targeted // 100)))
         out.append((index, floor))
     if not out or out[-1][1] < targeted:  # waves not ending at 100 (a looser CRD): finish
         out.append((len(spec.waves) + 1, targeted))

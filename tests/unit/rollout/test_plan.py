@@ -323,3 +323,12 @@ def test_tolerated_failures_finish_their_wave_until_they_fill_max_unavailable() 
     assert [e.reason for e in stuck.events] == ["RolloutHalted"]
     raised = msgspec.structs.replace(spec, max_unavailable=3)
     assert plan(raised, REV, nodes, stuck.status, T0).status.admitted == 4
+
+
+def test_a_policy_the_crd_would_refuse_still_plans_within_the_fleet() -> None:
+    """An object stored under a looser or older CRD: waves above 100 or unsorted, a canary
+    larger than the fleet. The planner never admits past the last node (no IndexError)."""
+    spec = RolloutSpec(canary=Canary(count=9), waves=(150, 20), max_unavailable=10)
+    assert wave_targets(spec, 4) == [(0, 4), (1, 4), (2, 4)]
+    nodes = [Node(f"n{i}", False) for i in range(4)]
+    assert plan(spec, REV, nodes, None, T0).status.admitted == 4
