@@ -5,12 +5,14 @@ so none of them is one that cannot fail."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from tests.soak.crash_agent import CRASH_EXIT
 from tests.soak.events import check_resumed
 from tests.soak.invariants import (
     FOREIGN,
@@ -24,6 +26,7 @@ from tests.soak.invariants import (
     reporter_difference,
     slow_difference,
     state_difference,
+    stop_agent,
     writes_of,
 )
 from tests.soak.runner import run
@@ -190,6 +193,24 @@ def test_a_trial_not_resumed_after_a_clean_stop_while_unwritable_is_seen() -> No
     boot.update(source="rollback", reason="the agent died during its trial: h1")
     check_resumed(inv, trial)
     assert len(inv.violations) == 1 and "rollback" in lines[0], lines
+
+
+def test_an_induced_crash_racing_a_sigterm_is_not_an_unclean_stop() -> None:
+    """Seed 7 step 824 (the 2-hour run): a crash-inducing config assigned, the agent SIGTERMed
+    a moment later, as it exited on the config itself (status 70): the induced crash, once."""
+    log = "soak-crash: plugins.scan_interval 0.9646: crashing"
+    agent = SimpleNamespace(stop=lambda signum: CRASH_EXIT, log_tail=lambda: log, run=135)
+    world = SimpleNamespace(agents={"node-a": agent}, plugins=[], reporters=[])
+    lines: list[str] = []
+    model = Model(crash_hashes={0.9646: "3cfbf4dfabb20ef8"})
+    inv = Invariants(world, model, 7, lines.append)  # type: ignore[arg-type]  # no world read
+    stop_agent(inv, "node-a", signal.SIGTERM)
+    assert not inv.violations and model.crash_exits[0.9646] == 1, lines
+    stop_agent(inv, "node-a", signal.SIGTERM)  # the same config again: it ran once more
+    assert len(inv.violations) == 1 and "not run again" in lines[-1], lines
+    agent.log_tail = lambda: "no hook"
+    stop_agent(inv, "node-a", signal.SIGTERM)  # exit 70 of no crash-inducing config
+    assert len(inv.violations) == 2 and "clean stop" in lines[-1], lines
 
 
 def test_a_plugin_that_exited_by_itself_is_seen(tmp_path: Path) -> None:
