@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from benches.report import Rounds
 from nodeagent._native import Store
 from nodeagent.accumulator.model import Query
 from nodeagent.accumulator.view import QueryView
@@ -117,8 +119,9 @@ def feed_all(name: str, factory: Callable[[], Any], chunks: list[bytes]) -> Any:
 @pytest.mark.benchmark(group="ingest")
 def test_ingest_python_reference(benchmark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     _, prefix, _ = stream()
-    benchmark.pedantic(feed_all, args=("ref", RefStore, prefix), rounds=2, iterations=1)
-    rate = BASELINE_EVENTS / benchmark.stats.stats.min
+    feed = Rounds(feed_all)
+    benchmark.pedantic(feed, args=("ref", RefStore, prefix), rounds=2, iterations=1)
+    rate = BASELINE_EVENTS / min(feed.seconds)
     cpu_rate = BASELINE_EVENTS / min(CPU["ref"])
     RESULTS["ingest_ref"], RESULTS["ingest_ref_cpu"] = rate, cpu_rate
     benchmark.extra_info.update(events_per_s=round(rate), events_per_cpu_s=round(cpu_rate))
@@ -132,8 +135,9 @@ def test_ingest_python_reference(benchmark: Any, capsys: pytest.CaptureFixture[s
 @pytest.mark.benchmark(group="ingest")
 def test_ingest_rust_store(benchmark: Any, capsys: pytest.CaptureFixture[str]) -> None:
     chunks, _, total = stream()
-    benchmark.pedantic(feed_all, args=("rust", Store, chunks), rounds=3, iterations=1)
-    best = benchmark.stats.stats.min
+    feed = Rounds(feed_all)
+    benchmark.pedantic(feed, args=("rust", Store, chunks), rounds=3, iterations=1)
+    best = min(feed.seconds)
     rate = EVENTS / best
     cpu_rate = EVENTS / min(CPU["rust"])
     benchmark.extra_info.update(events_per_s=round(rate), events_per_cpu_s=round(cpu_rate))
@@ -242,8 +246,9 @@ def test_snapshot_incremental(
         deltas = view.drain()
         assert len(deltas) == changed
 
-    benchmark.pedantic(run, setup=setup, rounds=20, iterations=1)
-    t = benchmark.stats.stats.median
+    drain = Rounds(run)
+    benchmark.pedantic(drain, setup=setup, rounds=20, iterations=1)
+    t = statistics.median(drain.seconds)
     RESULTS[f"snap_{stored}_{changed}"] = t
     benchmark.extra_info["ms"] = round(t * 1000, 2)
     report(
@@ -268,8 +273,9 @@ def test_snapshot_full_rebuild_baseline(
             objs[(cm.metadata.namespace, cm.metadata.name)] = cm
         [objs[k] for k in sorted(objs)]
 
-    benchmark.pedantic(rebuild, rounds=3, iterations=1)
-    t = benchmark.stats.stats.median
+    rebuilds = Rounds(rebuild)
+    benchmark.pedantic(rebuilds, rounds=3, iterations=1)
+    t = statistics.median(rebuilds.seconds)
     changed = stored // 100
     text = f"snapshot baseline (re-decode everything), {stored:,} stored: {t * 1000:.1f} ms"
     inc = RESULTS.get(f"snap_{stored}_{changed}")

@@ -27,7 +27,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from benches.report import print_uncaptured
+from benches.report import Rounds, print_uncaptured
 from nodeagent.protos.dra.v1alpha3 import api_pb2
 from nodeagent.protos.k8s.api.resource.v1alpha2 import generated_pb2 as v1alpha2
 from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
@@ -204,8 +204,9 @@ def _timed(benchmark: Any, key: str, fn: Callable[[], object], rounds: int) -> N
         fn()
         CPU[key] = min(CPU.get(key, float("inf")), time.thread_time() - t)
 
-    benchmark.pedantic(timed, rounds=rounds, iterations=1)
-    RESULTS[key] = benchmark.stats.stats.min
+    calls = Rounds(timed)
+    benchmark.pedantic(calls, rounds=rounds, iterations=1)
+    RESULTS[key] = min(calls.seconds)
 
 
 @pytest.mark.parametrize("impl", ["ours", "python"])

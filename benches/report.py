@@ -1,12 +1,14 @@
 """What the bench modules share: the side-by-side summary printed after a module's last benchmark,
-a client of the bench's own apiserver, percentiles, and the latency figures of a run (loop lag,
-probe latency) with their report lines."""
+a client of the bench's own apiserver, percentiles, the wall time of a bench's rounds, and the
+latency figures of a run (loop lag, probe latency) with their report lines."""
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 from collections.abc import Callable, Mapping
+from typing import Generic, ParamSpec, TypeVar
 
 import pytest
 
@@ -21,6 +23,30 @@ def print_uncaptured(
     capture = request.config.pluginmanager.get_plugin("capturemanager")
     with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
         report(print)
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Rounds(Generic[P, R]):
+    """A bench's function that keeps each call's wall seconds, to pass to `benchmark` and read
+    after it: `benchmark.stats` is None under --benchmark-disable (a run that only checks the
+    benches work: one call each), these are always there. Warm-up calls are kept too (`last`)."""
+
+    def __init__(self, fn: Callable[P, R]) -> None:
+        self.fn = fn
+        self.seconds: list[float] = []
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        t = time.perf_counter()
+        result = self.fn(*args, **kwargs)
+        self.seconds.append(time.perf_counter() - t)
+        return result
+
+    def last(self, rounds: int) -> list[float]:
+        """The wall seconds of the last `rounds` calls (fewer when disabled)."""
+        return self.seconds[-rounds:]
 
 
 def client_for(srv: ApiServer, identity: str) -> KubeClient:
