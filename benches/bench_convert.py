@@ -15,6 +15,11 @@ inventory): `model.desired_specs`, one Rust call writing every pool's spec bytes
 Python canonicalisation and split it replaced (tests/support/dra_reference/desired.py, then
 `msgspec.json.encode` of each spec), side by side.
 
+Then the whole path per inventory, message to validated inventory and desired slices: ours is
+`InventoryTracker.convert` alone (one Rust call writes the desired slices from the model it
+converted, so the inventory is not encoded again for Rust to read back), the reference its
+conversion, validation, canonicalisation and split.
+
 Run: .venv/bin/python -m pytest benches/bench_convert.py --benchmark-only
 """
 
@@ -160,7 +165,7 @@ MESSAGES: dict[str, Callable[[], Any]] = {
 
 def ours(message: Any) -> None:
     done = InventoryTracker(NODE).convert(DRIVER, message)
-    assert done.error is None and done.inventory is not None
+    assert done.error is None and done.inventory is not None and done.specs is not None
 
 
 def reference(message: Any) -> None:
@@ -181,6 +186,7 @@ def print_results(write: Callable[[str], None]) -> None:
     for what, prefix, target in [
         ("convert + validate", "", " (target >= 10x)"),
         ("desired slices", "desired-", ""),
+        ("message -> validated inventory and its desired slices", "path-", ""),
     ]:
         write("")
         write(f"{what}, {DEVICES} devices (best of the rounds; wall, then CPU)")
@@ -238,3 +244,23 @@ def test_desired_slices(benchmark: Any, name: str, impl: str) -> None:
         _timed(benchmark, f"desired-ours-{name}", lambda: desired_specs(inventory, NODE), 15)
     else:
         _timed(benchmark, f"desired-python-{name}", lambda: desired_reference(inventory), 5)
+
+
+@pytest.mark.parametrize("impl", ["ours", "python"])
+@pytest.mark.parametrize("name", list(MESSAGES))
+def test_message_to_desired_slices(benchmark: Any, name: str, impl: str) -> None:
+    benchmark.group = f"message to desired slices {name}"
+    message = MESSAGES[name]()
+    if impl == "ours":
+        _timed(benchmark, f"path-ours-{name}", lambda: ours(message), 15)
+        return
+
+    def python() -> None:
+        if isinstance(message, device_pb2.Inventory):
+            inventory = ref_convert.from_native(DRIVER, message)
+        else:
+            inventory, _ = ref_convert.from_seed(DRIVER, NODE, message)
+        ref_validation.validate_inventory(inventory)
+        desired_reference(inventory)
+
+    _timed(benchmark, f"path-python-{name}", python, 5)

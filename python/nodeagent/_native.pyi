@@ -220,18 +220,20 @@ def plan_prepared(desired: list[PreparedDesired], observed: list[PreparedObserve
 _InventoryJson = tuple[bytes, list[list[bytes]]]
 
 def inventory_native(
-    driver: str, message: bytes, max_string: int
-) -> tuple[_InventoryJson, list[str]]:
-    """(inventory JSON for msgspec, broken v1 rules) of a native `Inventory` message's wire
-    bytes; `max_string`: the byte limit of string and version attributes. Releases the GIL;
-    ValueError for bytes that are not such a message."""
+    driver: str, message: bytes, max_string: int, node_name: str | None = None
+) -> tuple[_InventoryJson, list[str], list[list[bytes]] | None]:
+    """(inventory JSON for msgspec, broken v1 rules, desired slices) of a native `Inventory`
+    message's wire bytes; `max_string`: the byte limit of string and version attributes. The
+    desired slices (as `desired_slices` writes them, on `node_name`) come only for an inventory
+    breaking no rule when `node_name` is given (else None), written from the model in hand.
+    Releases the GIL; ValueError for bytes that are not such a message."""
 
 def inventory_seed(
-    driver: str, pool: str, message: bytes, max_string: int
-) -> tuple[_InventoryJson, list[tuple[str, str | None, str]], list[str]]:
+    driver: str, pool: str, message: bytes, max_string: int, node_name: str | None = None
+) -> tuple[_InventoryJson, list[tuple[str, str | None, str]], list[str], list[list[bytes]] | None]:
     """(inventory JSON, rejected (device, attribute or None for the whole device, rule), broken
-    v1 rules) of a seed `NodeListAndWatchResourcesResponse`'s wire bytes as one pool `pool`.
-    Releases the GIL."""
+    v1 rules, desired slices as `inventory_native` gives them) of a seed
+    `NodeListAndWatchResourcesResponse`'s wire bytes as one pool `pool`. Releases the GIL."""
 
 def inventory_errors(inventory: bytes, max_string: int) -> list[str]:
     """The broken v1 rules of `msgspec.json.encode(inventory)`. Releases the GIL."""

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 __all__ = [
     "SeedRejection",
     "convert_native",
+    "convert_native_specs",
     "convert_seed",
+    "convert_seed_specs",
     "from_native",
     "from_seed",
     "seed_device_name",
@@ -86,13 +88,23 @@ def _undecodable(exc: ValueError) -> str:
 
 def convert_native(driver: str, message: device_pb2.Inventory) -> tuple[Inventory, list[str]]:
     """The message as an inventory, and the v1 rules it breaks (empty: it may be published)."""
+    inventory, errors, _ = convert_native_specs(driver, message, None)
+    return inventory, errors
+
+
+def convert_native_specs(
+    driver: str, message: device_pb2.Inventory, node_name: str | None
+) -> tuple[Inventory, list[str], list[list[bytes]] | None]:
+    """`convert_native`, with the inventory's desired slices on `node_name` when it breaks no
+    rule (`model.desired_specs`), written by the same Rust call from the model it has in hand:
+    the inventory is not encoded again for Rust to read back."""
     try:
-        (head, pools), errors = _native.inventory_native(
-            driver, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING
+        (head, pools), errors, specs = _native.inventory_native(
+            driver, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING, node_name
         )
     except ValueError as exc:
-        return Inventory(driver=driver), [_undecodable(exc)]
-    return _inventory(head, pools), errors
+        return Inventory(driver=driver), [_undecodable(exc)], None
+    return _inventory(head, pools), errors, specs
 
 
 def convert_seed(
@@ -105,13 +117,24 @@ def convert_seed(
     The first instance of a name wins; a later duplicate (or a name mapping onto one already
     used) is rejected on its own. No instances at all means no pool, hence no slices.
     """
+    inventory, rejected, errors, _ = convert_seed_specs(driver, pool_name, message, None)
+    return inventory, rejected, errors
+
+
+def convert_seed_specs(
+    driver: str,
+    pool_name: str,
+    message: api_pb2.NodeListAndWatchResourcesResponse,
+    node_name: str | None,
+) -> tuple[Inventory, list[SeedRejection], list[str], list[list[bytes]] | None]:
+    """`convert_seed`, with the desired slices as `convert_native_specs` gives them."""
     try:
-        (head, pools), rejected, errors = _native.inventory_seed(
-            driver, pool_name, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING
+        (head, pools), rejected, errors, specs = _native.inventory_seed(
+            driver, pool_name, message.SerializeToString(), model.MAX_ATTRIBUTE_STRING, node_name
         )
     except ValueError as exc:
-        return Inventory(driver=driver), [], [_undecodable(exc)]
-    return _inventory(head, pools), [SeedRejection(*r) for r in rejected], errors
+        return Inventory(driver=driver), [], [_undecodable(exc)], None
+    return _inventory(head, pools), [SeedRejection(*r) for r in rejected], errors, specs
 
 
 def from_native(driver: str, message: device_pb2.Inventory) -> Inventory:

@@ -98,15 +98,18 @@ class DesiredSlices:
         the next /v1/status)."""
         out: dict[str, dict[PoolKey, Desired]] = {}
         for driver in drivers:
-            inventory = tracker.drivers[driver].inventory
+            state = tracker.drivers[driver]
+            inventory = state.inventory
             pools: dict[PoolKey, Desired] = {}
             if inventory is None:
                 out[driver] = pools
                 continue
-            # One Rust call: the specs come as the bytes the planner reads.
-            for pool, pool_specs in zip(
-                inventory.pools, desired_specs(inventory, self.node_name), strict=True
-            ):
+            # Written with the inventory's conversion (else in one Rust call): the specs come
+            # as the bytes the planner reads.
+            written = state.specs
+            if written is None:
+                written = desired_specs(inventory, self.node_name)
+            for pool, pool_specs in zip(inventory.pools, written, strict=True):
                 key = (driver, pool.name)
                 specs = tuple(pool_specs)
                 old = self._pools.get(key)

@@ -17,7 +17,7 @@ import trio
 from nodeagent.core.plugindata import PluginData
 from nodeagent.log import get_logger
 from nodeagent.resources import metrics
-from nodeagent.resources.convert import SeedRejection, convert_native, convert_seed
+from nodeagent.resources.convert import SeedRejection, convert_native_specs, convert_seed_specs
 from nodeagent.resources.model import InvalidInventory, Inventory
 
 if TYPE_CHECKING:
@@ -31,6 +31,9 @@ __all__ = ["Converted", "DriverState", "InventoryTracker", "deletion_deadline"]
 @dataclass
 class DriverState:
     inventory: Inventory | None = None
+    # The inventory's desired slices (per pool, its spec bytes), written with its conversion;
+    # None: `DesiredSlices.build` writes them from the inventory.
+    specs: list[list[bytes]] | None = field(default=None, repr=False)
     registered: bool = False
     # When the plugin was last seen going away (None while registered).
     gone_since: float | None = None
@@ -46,6 +49,7 @@ class Converted:
     inventory: Inventory | None
     rejected: list[SeedRejection]  # seed attributes and devices left out
     error: InvalidInventory | None
+    specs: list[list[bytes]] | None = None  # its desired slices (`DriverState.specs`)
 
 
 def deletion_deadline(
@@ -152,17 +156,19 @@ class InventoryTracker:
         from nodeagent.protos.nodeagent.device.v1alpha1 import device_pb2
 
         rejected: list[SeedRejection] = []
+        specs = None
+        node = self.node_name
         # Converted and validated in one Rust call (GIL released), the rules of
-        # model.validate_inventory.
+        # model.validate_inventory, with the desired slices of a valid inventory.
         if isinstance(message, device_pb2.Inventory):
-            inventory, errors = convert_native(driver, message)
+            inventory, errors, specs = convert_native_specs(driver, message, node)
         elif isinstance(message, api_pb2.NodeListAndWatchResourcesResponse):
-            inventory, rejected, errors = convert_seed(driver, self.node_name, message)
+            inventory, rejected, errors, specs = convert_seed_specs(driver, node, message, node)
         else:
             errors = [f"unsupported message type {type(message).__name__}"]
         if errors:
             return Converted(message, None, rejected, InvalidInventory(driver, errors))
-        return Converted(message, inventory, rejected, None)
+        return Converted(message, inventory, rejected, None, specs)
 
     def _accept(self, driver: str, state: DriverState, done: Converted) -> bool:
         for r in done.rejected:
@@ -192,6 +198,6 @@ class InventoryTracker:
                 errors=exc.errors if exc is not None else [],
             )
             return False
-        state.inventory = done.inventory
+        state.inventory, state.specs = done.inventory, done.specs
         state.last_error = ""
         return True

@@ -1,7 +1,8 @@
 //! Plugin inventories converted and validated (`nodeagent._native.inventory_*`): the native and
 //! seed plugin messages decoded from their wire bytes into the v1 device model, the seed's
 //! per-device and per-attribute drops, the native message's shape rules and the v1 DRA rules of
-//! the whole inventory; and a valid inventory's desired slices (`desired_slices`). The Python
+//! the whole inventory; and a valid inventory's desired slices, written at conversion time from
+//! the model in hand (`desired_slices` for an inventory given as JSON). The Python
 //! side decodes the JSON this returns with msgspec; the Python reference these are
 //! property-tested against lives in `tests/support/dra_reference/`.
 
@@ -38,41 +39,90 @@ fn split<'py>(py: Python<'py>, (head, pools): (String, Vec<Vec<String>>)) -> Spl
     )
 }
 
+/// Per pool, its desired slice specs as JSON.
+type Specs<'py> = Vec<Vec<Bound<'py, PyBytes>>>;
+/// (the inventory's JSON as `model::to_json_split` writes it, broken rules, desired slices).
+type Converted = (
+    (String, Vec<Vec<String>>),
+    Vec<String>,
+    Option<Vec<Vec<String>>>,
+);
+/// `inventory_seed`'s answer.
+type Seed<'py> = (
+    Split<'py>,
+    Vec<RejectionTuple>,
+    Vec<String>,
+    Option<Specs<'py>>,
+);
+
+/// The inventory's JSON, its broken v1 rules and, when it breaks none and `node_name` is given,
+/// its desired slices (`desired::slices`), written from the model already in hand: the
+/// publisher's input needs no second encode and parse of the inventory. A quantity the
+/// slices cannot canonicalise is one more broken rule.
+fn converted(inv: model::Inventory, max_string: usize, node_name: Option<&str>) -> Converted {
+    let json = model::to_json_split(&inv, BATCH);
+    let mut errors = rules::validate(&inv, max_string);
+    let specs = match node_name {
+        Some(node) if errors.is_empty() => match desired::slices(inv, node) {
+            Ok(specs) => Some(specs),
+            Err(e) => {
+                errors.push(e);
+                None
+            }
+        },
+        _ => None,
+    };
+    (json, errors, specs)
+}
+
+fn specs_bytes<'py>(py: Python<'py>, pools: &[Vec<String>]) -> Specs<'py> {
+    pools
+        .iter()
+        .map(|specs| {
+            specs
+                .iter()
+                .map(|s| PyBytes::new(py, s.as_bytes()))
+                .collect()
+        })
+        .collect()
+}
+
 /// ((inventory JSON without devices, per pool its devices as JSON arrays of at most 128),
-/// broken v1 rules) of a native `Inventory` message's wire bytes.
-/// `max_string`: the byte limit of string and version attributes.
+/// broken v1 rules, desired slices or None) of a native `Inventory` message's wire bytes.
+/// `max_string`: the byte limit of string and version attributes; `node_name`: the node of the
+/// desired slices (None: none are written; neither are they for an inventory breaking a rule).
 #[pyfunction]
+#[pyo3(signature = (driver, message, max_string, node_name=None))]
 fn inventory_native<'py>(
     py: Python<'py>,
     driver: PyBackedStr,
     message: PyBackedBytes,
     max_string: usize,
-) -> PyResult<(Split<'py>, Vec<String>)> {
-    let (json, errors) = py
-        .detach(|| {
-            wire::native(&driver, &message).map(|inv| {
-                (
-                    model::to_json_split(&inv, BATCH),
-                    rules::validate(&inv, max_string),
-                )
-            })
-        })
+    node_name: Option<PyBackedStr>,
+) -> PyResult<(Split<'py>, Vec<String>, Option<Specs<'py>>)> {
+    let node = node_name.as_deref();
+    let (json, errors, specs) = py
+        .detach(|| wire::native(&driver, &message).map(|inv| converted(inv, max_string, node)))
         .map_err(PyValueError::new_err)?;
-    Ok((split(py, json), errors))
+    let specs = specs.map(|s| specs_bytes(py, &s));
+    Ok((split(py, json), errors, specs))
 }
 
 /// (inventory JSON as `inventory_native` gives it, rejected (device, attribute or None, rule),
-/// broken v1 rules) of a seed
+/// broken v1 rules, desired slices or None as `inventory_native` gives them) of a seed
 /// `NodeListAndWatchResourcesResponse`'s wire bytes, as one pool named `pool`.
 #[pyfunction]
+#[pyo3(signature = (driver, pool, message, max_string, node_name=None))]
 fn inventory_seed<'py>(
     py: Python<'py>,
     driver: PyBackedStr,
     pool: PyBackedStr,
     message: PyBackedBytes,
     max_string: usize,
-) -> PyResult<(Split<'py>, Vec<RejectionTuple>, Vec<String>)> {
-    let (json, rejected, errors) = py
+    node_name: Option<PyBackedStr>,
+) -> PyResult<Seed<'py>> {
+    let node = node_name.as_deref();
+    let (json, rejected, errors, specs) = py
         .detach(|| {
             wire::seed(&message).map(|instances| {
                 let (inv, rejected) = rules::from_seed(&driver, &pool, instances, max_string);
@@ -80,15 +130,13 @@ fn inventory_seed<'py>(
                     .into_iter()
                     .map(|r| (r.device.into(), r.attribute.map(String::from), r.rule))
                     .collect::<Vec<_>>();
-                (
-                    model::to_json_split(&inv, BATCH),
-                    rejected,
-                    rules::validate(&inv, max_string),
-                )
+                let (json, errors, specs) = converted(inv, max_string, node);
+                (json, rejected, errors, specs)
             })
         })
         .map_err(PyValueError::new_err)?;
-    Ok((split(py, json), rejected, errors))
+    let specs = specs.map(|s| specs_bytes(py, &s));
+    Ok((split(py, json), rejected, errors, specs))
 }
 
 /// The broken v1 rules of an inventory given as `msgspec.json.encode(inventory)`.
@@ -109,19 +157,11 @@ fn desired_slices<'py>(
     py: Python<'py>,
     inventory: PyBackedBytes,
     node_name: PyBackedStr,
-) -> PyResult<Vec<Vec<Bound<'py, PyBytes>>>> {
+) -> PyResult<Specs<'py>> {
     let pools = py
         .detach(|| model::from_json(&inventory).and_then(|inv| desired::slices(inv, &node_name)))
         .map_err(PyValueError::new_err)?;
-    Ok(pools
-        .iter()
-        .map(|specs| {
-            specs
-                .iter()
-                .map(|s| PyBytes::new(py, s.as_bytes()))
-                .collect()
-        })
-        .collect())
+    Ok(specs_bytes(py, &pools))
 }
 
 /// The first shape rule a native `Inventory` message's wire bytes break, or None.
