@@ -8,7 +8,7 @@ slices already published for the plugin stay as they are.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -19,6 +19,7 @@ from nodeagent.log import get_logger
 from nodeagent.resources import metrics
 from nodeagent.resources.convert import SeedRejection, convert_native_specs, convert_seed_specs
 from nodeagent.resources.model import InvalidInventory, Inventory
+from nodeagent.resources.observed import PoolKey
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
@@ -90,6 +91,28 @@ class InventoryTracker:
             d: s
             for d, s in self.drivers.items()
             if s.registered or s.gone_since is None or now < s.gone_since + grace
+        }
+
+    def kept(
+        self, now: float, started: float, startup_grace: float, disconnect_grace: float
+    ) -> dict[str, DriverState]:
+        """The drivers whose slices a publishing agent keeps: a gone driver's until its
+        `deletion_deadline`, then no more."""
+        graces = startup_grace, disconnect_grace
+        return {
+            d: s
+            for d, s in self.drivers.items()
+            if s.registered or now < deletion_deadline(s, started, *graces)
+        }
+
+    def held(self, pools: Iterable[PoolKey]) -> set[PoolKey]:
+        """Of `pools`, those of plugins registered with no valid inventory since the start
+        (`Deferral.NO_INVENTORY`): what is published is whatever the last agent left."""
+        drivers = self.drivers
+        return {
+            k
+            for k in pools
+            if (s := drivers.get(k[0])) is not None and s.registered and s.inventory is None
         }
 
     def unseen(self, plugins: Mapping[str, PluginData]) -> dict[str, Message]:

@@ -159,6 +159,25 @@ class ObservedSlices:
         group = self.groups.get(key, {}) if key is not None else {}
         return {n: s.prepared.resource_version for n, s in group.items()}
 
+    def taken_over(self, key: PoolKey, registered: bool) -> bool:
+        """Whether another publisher took over the pool of a plugin that is not `registered` (a
+        driver upgraded to one that publishes its own slices, as the kubelet's helper does):
+        the pool is not ours any more, so it is neither refused nor kept for a grace."""
+        return bool(self.foreign.get(key)) and not registered
+
+    def refusal(self, key: PoolKey, ours: bool, registered: bool) -> str | None:
+        """Why the pool is not ours to write (None: it is): it is `ours` (desired or
+        published) but also holds slices nodeagent does not manage, and it is not a pool taken
+        over from a plugin that left."""
+        foreign = self.foreign.get(key)
+        if not (foreign and ours) or self.taken_over(key, registered):
+            return None
+        return (
+            f"pool {key[1]} of driver {key[0]} on node {self.node_name} also holds "
+            f"ResourceSlices not managed by nodeagent ({', '.join(foreign)}): nodeagent "
+            "does not publish this pool until they are gone"
+        )
+
     def unknown(self) -> list[QueryStatus]:
         """The queries whose state is not known (a relist under way, a Forbidden list)."""
         return [s for s in self.source.statuses().values() if not s.known]

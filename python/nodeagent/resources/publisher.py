@@ -118,6 +118,12 @@ class Publisher:
         self._synced_once = False
         self._synced = trio.Event()
         self._outcomes = PoolOutcomes(self._events)
+        # What readiness and /v1/status show, as their owners keep it: drivers whose latest
+        # inventory was rejected; pools failing (with the error), refused for foreign slices,
+        # or refused by the API server (422/400).
+        self.rejected = self._tracker.rejected
+        self.failing, self.refused = self._outcomes.failing, self._outcomes.refused
+        self.invalid = self._outcomes.invalid
         # The pool being synced: a snapshot showing exactly what its own writes lead to is no
         # reason to sync it again.
         self._syncing: PoolKey | None = None
@@ -151,35 +157,12 @@ class Publisher:
 
     def _shown(self) -> dict[str, DriverState]:
         """The drivers whose slices are desired: a gone driver's (not registered) until they
-        go, then no more, in both modes (cluster mode deletes them at `deletion_deadline`;
-        standalone shows them as `InventoryTracker.shown` says)."""
-        now = trio.current_time()
+        go, then no more, in both modes (`InventoryTracker.shown` standalone, `kept` else)."""
+        now, settings = trio.current_time(), self.settings
         if self.standalone:
-            return self._tracker.shown(now, self.settings.disconnect_grace)
-        graces = self.settings.startup_grace, self.settings.disconnect_grace
-        return {
-            d: s
-            for d, s in self._tracker.drivers.items()
-            if s.registered or now < deletion_deadline(s, self._started, *graces)
-        }
-
-    def rejected(self) -> list[str]:
-        """Drivers whose latest inventory was rejected."""
-        return self._tracker.rejected()
-
-    def failing(self) -> dict[PoolKey, str]:
-        """Pools whose last sync failed (retrying with backoff) or that are refused, with the
-        error."""
-        return self._outcomes.failing()
-
-    def refused(self) -> set[PoolKey]:
-        """Pools not published because they hold slices nodeagent does not manage."""
-        return self._outcomes.refused()
-
-    def invalid(self) -> set[PoolKey]:
-        """Pools the API server refuses (422 Invalid or 400 BadRequest); `failing()` has its
-        message."""
-        return self._outcomes.invalid()
+            return self._tracker.shown(now, settings.disconnect_grace)
+        graces = settings.startup_grace, settings.disconnect_grace
+        return self._tracker.kept(now, self._started, *graces)
 
     def dropped(self) -> dict[PoolKey, dict[str, str]]:
         """Per pool, the fields the API server did not store, each with the feature gate that
@@ -190,21 +173,10 @@ class Publisher:
         """Pools not yet as this agent will leave them: being synced, waiting for a sync
         (including those waiting for a grace or a backoff), or held for their plugin's first
         valid inventory."""
-        queued = {*self._queue.waiting(), *self._held_for_inventory()}
+        queued = {*self._queue.waiting(), *self._tracker.held(self._pools())}
         if self._syncing is not None:
             queued.add(self._syncing)  # its writes in flight: the pool is not as it will stay
         return len(queued)
-
-    def _held_for_inventory(self) -> set[PoolKey]:
-        """Pools of plugins registered with no valid inventory since the start
-        (`Deferral.NO_INVENTORY`): out of the queue (their inventory queues them), what is
-        published is whatever the last agent left, a half-written pool too."""
-        drivers = self._tracker.drivers
-        return {
-            k
-            for k in self._pools()
-            if (s := drivers.get(k[0])) is not None and s.registered and s.inventory is None
-        }
 
     def waiting(self) -> dict[PoolKey, float]:
         """Pools with desired slices waiting for a sync, and when each one's latest sync
@@ -416,7 +388,9 @@ class Publisher:
             return Deferred(Deferral.STATE_UNKNOWN, again)
         if observed.node_uid is None:
             return Deferred(Deferral.NO_NODE)
-        refusal = self._refusal(key)
+        state = self._tracker.drivers.get(key[0])
+        registered = state is not None and state.registered
+        refusal = observed.refusal(key, key in self._desired or key in observed.groups, registered)
         if refusal is not None:
             if observed.groups.get(key):
                 # Two publishers of one pool: each slice claims a count the other breaks, and
@@ -429,14 +403,13 @@ class Publisher:
         held = self._outcomes.held(key, observed.versions(key), desired, now)
         if held is not None:
             return held
-        state = self._tracker.drivers.get(key[0])
         if state is not None and state.registered and state.inventory is None:
             # Registered, but nothing valid received since the start: what is published is
             # the last valid inventory there is.
             return Deferred(Deferral.NO_INVENTORY)
         graces = self.settings.startup_grace, self.settings.disconnect_grace
         deadline = deletion_deadline(state, self._started, *graces)
-        if self._taken_over(key):
+        if observed.taken_over(key, registered):
             # What we wrote describes the plugin that left, beside its successor's slices: it
             # goes now (a grace is for a plugin that may come back, not for a handed-over pool).
             # After a restart the plugin is not known to have left: the start-up grace holds.
@@ -457,29 +430,6 @@ class Publisher:
             desired = None
         await self._plan_and_write(key, desired)
         return None
-
-    def _refusal(self, key: PoolKey) -> str | None:
-        """Why the pool is not ours to write (None: it is): it also holds slices nodeagent
-        does not manage, and it is not a pool taken over from a plugin that left."""
-        assert self._observed is not None
-        foreign = self._observed.foreign.get(key)
-        ours = key in self._desired or key in self._observed.groups
-        if not (foreign and ours) or self._taken_over(key):
-            return None
-        return (
-            f"pool {key[1]} of driver {key[0]} on node {self.node_name} also holds "
-            f"ResourceSlices not managed by nodeagent ({', '.join(foreign)}): nodeagent "
-            "does not publish this pool until they are gone"
-        )
-
-    def _taken_over(self, key: PoolKey) -> bool:
-        """Whether another publisher took over the pool of a plugin that is not registered (a
-        driver upgraded to one that publishes its own slices, as the kubelet's helper does):
-        the pool is not ours any more, so it is neither refused nor kept for a grace."""
-        if self._observed is None or not self._observed.foreign.get(key):
-            return False
-        state = self._tracker.drivers.get(key[0])
-        return state is None or not state.registered
 
     async def _plan_and_write(self, key: PoolKey, desired: Desired | None) -> None:
         """The pool's plan (in Rust) against its observed slices, and its writes."""
