@@ -19,10 +19,12 @@ mod store {
     pub mod parse;
 }
 
+#[path = "../../../rust/src/quantity.rs"]
+mod quantity;
+
 #[path = "../../../rust/src/planner"]
 mod planner {
     pub mod canon;
-    pub mod quantity;
 }
 
 use std::borrow::Cow;
