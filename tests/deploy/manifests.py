@@ -86,8 +86,15 @@ class Install:
         return daemonset
 
     def host_state(self) -> str:
+        return self.host_path("state")
+
+    def host_runtime(self) -> str:
+        """The runtime directory's hostPath (agent.runtime_dir through RUNTIME_DIRECTORY)."""
+        return self.host_path("runtime")
+
+    def host_path(self, volume: str) -> str:
         volumes = self.daemonset()["spec"]["template"]["spec"]["volumes"]
-        (path,) = [v["hostPath"]["path"] for v in volumes if "hostPath" in v]
+        (path,) = [v["hostPath"]["path"] for v in volumes if v["name"] == volume]
         assert isinstance(path, str)
         return path
 

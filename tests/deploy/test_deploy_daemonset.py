@@ -147,6 +147,11 @@ def pod_command(
     for item in container.get("env", []):
         if "value" in item:
             env[item["name"]] = item["value"]
+            if item["value"] == install.host_runtime():
+                # The runtime directory: one of the test's, not the host's own /run/nodeagent.
+                runtime = dirs.root / "runtime"
+                runtime.mkdir(exist_ok=True)
+                env[item["name"]] = str(runtime)
             continue
         assert item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", item
         env[item["name"]] = NODE

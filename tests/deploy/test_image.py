@@ -59,6 +59,7 @@ NODE = "node-a"
 POD = "nodeagent-image"
 DRIVER = "gpu.image.example.com"
 HOST_STATE = "/var/lib/nodeagent"  # the DaemonSet's hostPath, mounted at the same path
+HOST_RUNTIME = "/run/nodeagent"  # the runtime directory's hostPath (RUNTIME_DIRECTORY)
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"  # where the kubelet mounts the token
 NONROOT = 65532
 
@@ -258,14 +259,26 @@ def daemonset_flags(
     volumes = {v["name"]: v for v in pod["volumes"]}
     for mount in container["volumeMounts"]:
         volume = volumes[mount["name"]]
-        if "hostPath" in volume:
-            assert volume["hostPath"]["path"] == mount["mountPath"] == HOST_STATE
+        if "hostPath" in volume and mount["mountPath"] == HOST_STATE:
+            assert volume["hostPath"]["path"] == HOST_STATE
             flags.append(f"--volume={dirs.root}:{dirs.root}")
+        elif "hostPath" in volume:
+            # The runtime directory (RUNTIME_DIRECTORY): one of the test's at the pod's path,
+            # writable by the image's default user as the kubelet's DirectoryOrCreate makes it
+            # for a pod that runs as that user.
+            assert volume["hostPath"]["path"] == mount["mountPath"] == HOST_RUNTIME
+            runtime = dirs.root / "runtime"
+            runtime.mkdir(exist_ok=True)
+            os.chown(runtime, NONROOT, NONROOT)
+            flags.append(f"--volume={runtime}:{HOST_RUNTIME}")
         else:
             assert volume["emptyDir"]["medium"] == "Memory", volume
             size = volume["emptyDir"]["sizeLimit"].removesuffix("Mi")
             flags.append(f"--tmpfs={mount['mountPath']}:size={size}m")
     for item in container["env"]:
+        if "value" in item:
+            flags.append(f"--env={item['name']}={item['value']}")
+            continue
         assert item["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName", item
         flags.append(f"--env={item['name']}={NODE}")
     return flags, daemonset_args(str(dirs.root), ops_port, public_port)
