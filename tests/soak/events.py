@@ -266,7 +266,7 @@ def config_crash(inv: Invariants, rng: random.Random) -> str:
         # Its trial cannot be recorded: deferred (the older config running) until the state
         # can be written, then applied, the crash and its rollback.
         inv.model.deferred = True
-    inv.model.crash_hashes[marker] = digest
+    inv.model.crash_assigned(marker, digest)
     inv.model.hashes[digest] = marker
     return f"NodeAgentConfig {NAC_NAME} crash-inducing (hash {digest}): {config}"
 

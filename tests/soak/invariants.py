@@ -99,7 +99,8 @@ class Model:
     foreign_rv: str | None = None  # the foreign slice's resourceVersion while it exists
     # Crash-inducing configs (tests/soak/crash_agent.py): marker -> config hash, and how often
     # each made the agent exit (once: it dies during its trial and is rolled back at the start
-    # after; a second exit means the agent ran a config it had rolled back).
+    # after; a second exit means the agent ran a config it had rolled back). Counted per
+    # assignment: markers repeat every 500 steps, and a new generation may be tried once more.
     crash_hashes: dict[float, str] = field(default_factory=dict)
     crash_exits: Counter[float] = field(default_factory=Counter)
     # Slow-to-fail configs (healthy until a pool changes, then its change held back past the
@@ -120,6 +121,14 @@ class Model:
     # The state was unwritable since node-a last converged on a writable one: a dynconfig
     # state write may have failed, to be retried (RETRY_MAX) once writable.
     unsaved: bool = False
+
+    def crash_assigned(self, marker: float, digest: str) -> None:
+        """A crash-inducing config assigned. The same marker drawn again later (seed 7 step
+        1326, the 2-hour run: 0.9652 at steps 326 and 1326) is a new generation of the object,
+        which the agent may try once more (a bad config is not retried until the object's uid or
+        generation changes), so its exits count from 0 again."""
+        self.crash_hashes[marker] = digest
+        self.crash_exits[marker] = 0
 
 
 @dataclass

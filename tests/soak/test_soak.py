@@ -213,6 +213,25 @@ def test_an_induced_crash_racing_a_sigterm_is_not_an_unclean_stop() -> None:
     assert len(inv.violations) == 2 and "clean stop" in lines[-1], lines
 
 
+def test_a_crash_config_drawn_again_later_may_crash_the_agent_once_more() -> None:
+    """Seed 7 step 1326 (the 2-hour run): the marker 0.9652 drawn at step 326 and again at
+    step 1326, a new generation of the object: the agent tries it once more, which is no
+    violation; a second exit on that assignment still is."""
+    log = "soak-crash: plugins.scan_interval 0.9652: crashing"
+    agent = SimpleNamespace(stop=lambda signum: CRASH_EXIT, log_tail=lambda: log, run=209)
+    world = SimpleNamespace(agents={"node-a": agent}, plugins=[], reporters=[])
+    lines: list[str] = []
+    model = Model()
+    inv = Invariants(world, model, 7, lines.append)  # type: ignore[arg-type]  # no world read
+    model.crash_assigned(0.9652, "4c5ab5110dd506df")
+    stop_agent(inv, "node-a", signal.SIGTERM)
+    model.crash_assigned(0.9652, "4c5ab5110dd506df")  # drawn again, 1,000 steps later
+    stop_agent(inv, "node-a", signal.SIGTERM)
+    assert not inv.violations, lines
+    stop_agent(inv, "node-a", signal.SIGTERM)
+    assert len(inv.violations) == 1 and "not run again" in lines[-1], lines
+
+
 def test_a_plugin_that_exited_by_itself_is_seen(tmp_path: Path) -> None:
     lines: list[str] = []
     plugin = Plugin("node-a", "d", "/nonexistent", tmp_path / "inv.json")
