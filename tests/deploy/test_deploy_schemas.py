@@ -19,7 +19,7 @@ from tests.deploy.manifests import all_manifest_files, daemonset_container
 from tests.support.apiserver import newest_release
 from tests.support.crds import REPO_ROOT, load_manifest
 
-GO_MOD = REPO_ROOT / "tests" / "apiserver" / "releases" / newest_release() / "go.mod"
+GO_MOD = REPO_ROOT / "tests" / "harness" / "apiserver" / "releases" / newest_release() / "go.mod"
 
 
 def harness_version() -> str:

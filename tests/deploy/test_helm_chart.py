@@ -1,10 +1,10 @@
 """The Helm chart deploy/helm/nodeagent without a cluster, with the real `helm` (built from the
-Go module proxy by tests/helm/build.sh): `helm lint --strict`, `helm template` with the default
-values and with tests/deploy/helm-values-full.yaml validated strictly by kubernetes-validate for the
-harness's Kubernetes version, the values reaching the objects, the config values rendered into a
-TOML file the agent itself accepts, the refusals of bad values, and the one source of truth: the
-plain manifests of deploy/kubernetes (and the chart's copies of the CRDs and monitoring files) are
-exactly what scripts/render-manifests writes. test_helm_apply.py applies the objects to the real
+Go module proxy by tests/harness/helm/build.sh): `helm lint --strict`, `helm template` with the
+default values and with tests/deploy/helm-values-full.yaml validated strictly by kubernetes-validate
+for the harness's Kubernetes version, the values reaching the objects, the config values rendered
+into a TOML file the agent itself accepts, the refusals of bad values, and the one source of truth:
+the plain manifests of deploy/kubernetes (and the chart's copies of the CRDs and monitoring files)
+are exactly what scripts/render-manifests writes. test_helm_apply.py applies the objects to the real
 kube-apiserver; test_deploy_daemonset.py runs the agent as the chart's DaemonSet pod."""
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ def _config_toml(tmp_path: pathlib.Path, config: dict[str, Any], *, checked: boo
 
 
 def test_helm_is_the_pinned_version() -> None:
-    go_mod = (REPO_ROOT / "tests" / "helm" / "go.mod").read_text()
+    go_mod = (REPO_ROOT / "tests" / "harness" / "helm" / "go.mod").read_text()
     (pinned,) = re.findall(r"^\s*helm\.sh/helm/v3 (v\S+)", go_mod, re.M)
     assert helm("version", "--template", "{{ .Version }}").stdout == pinned
-    assert helm_binary().parent.name.startswith("helm-")  # the cache of tests/helm/build.sh
+    assert helm_binary().parent.name.startswith("helm-")  # the cache of tests/harness/helm/build.sh
 
 
 def test_the_chart_is_the_package_version() -> None:

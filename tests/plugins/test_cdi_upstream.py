@@ -1,7 +1,7 @@
 """The CDI specs the SDK writes (nodeagent.sdk.cdi) read by the upstream CDI library
 (tags.cncf.io/container-device-interface at containerd v2.4.2's version, through
-tests/cdicheck): every spec build_spec + write_spec produce is valid there, its version is the
-library's minimum by its rules for each device, and injecting its devices into a container's OCI
+tests/harness/cdicheck): every spec build_spec + write_spec produce is valid there, its version is
+the library's minimum by its rules for each device, and injecting its devices into a container's OCI
 spec gives exactly our edits; what we refuse, the library refuses too (or is documented as
 stricter).
 

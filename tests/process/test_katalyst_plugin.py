@@ -1,5 +1,5 @@
 """A Katalyst reporter plugin no one here wrote: built on `github.com/kubewharf/katalyst-api`
-(tests/katalystplugin: its `pkg/plugins/skeleton` registration wrapper and its generated
+(tests/harness/katalystplugin: its `pkg/plugins/skeleton` registration wrapper and its generated
 `reporterplugin/v1alpha1` service, used unchanged), against the project's proto, on its own over
 real gRPC, and against `nodeagent run` with node-a's credentials and the real kube-apiserver,
 whose CustomNodeResource is what the tests assert.
@@ -122,7 +122,7 @@ def _module_dirs() -> dict[str, pathlib.Path]:
     ).stdout
     dirs = dict(line.split(" ", 1) for line in out.splitlines() if line.strip())
     missing = sorted(path for path, d in dirs.items() if not d.strip())
-    assert not missing, f"not in the Go module cache (run tests/katalystplugin/build.sh): {missing}"
+    assert not missing, f"not in the Go module cache (run {MODULE_DIR}/build.sh): {missing}"
     return {path: pathlib.Path(d) for path, d in dirs.items()}
 
 

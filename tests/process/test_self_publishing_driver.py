@@ -1,6 +1,6 @@
 """A modern DRA driver beside the agent (issue 19 item 5): a driver no one here wrote, built on
 the current upstream helper `k8s.io/dynamic-resource-allocation/kubeletplugin` v0.37 used
-unchanged (tests/draplugin-v037), which publishes its own ResourceSlices with node-a's
+unchanged (tests/harness/draplugin-v037), which publishes its own ResourceSlices with node-a's
 credentials and registers in the agent's registry listing `v1.DRAPlugin` / `v1beta1.DRAPlugin`
 (and the helper's DRAResourceHealth services), against `nodeagent run` and the real
 kube-apiserver, with a native SDK plugin whose pool the agent publishes at the same time.

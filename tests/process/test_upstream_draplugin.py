@@ -1,9 +1,9 @@
 """A DRA plugin no one here wrote: the seed-era (Kubernetes 1.30) plugin built from the upstream
-Go helper `k8s.io/dynamic-resource-allocation/kubeletplugin` v0.30 (tests/draplugin), registered
-the upstream way (`<registry>/<driver>-reg.sock`, service socket `<plugins>/<driver>/dra.sock` in a
-directory of its own), against `nodeagent run` with node-a's credentials and the real
-kube-apiserver. Expected device names and attributes are computed here from the rules
-(docs/architecture/resourceslices.md, seed conversion), not with the agent's code."""
+Go helper `k8s.io/dynamic-resource-allocation/kubeletplugin` v0.30 (tests/harness/draplugin),
+registered the upstream way (`<registry>/<driver>-reg.sock`, service socket
+`<plugins>/<driver>/dra.sock` in a directory of its own), against `nodeagent run` with node-a's
+credentials and the real kube-apiserver. Expected device names and attributes are computed here from
+the rules (docs/architecture/resourceslices.md, seed conversion), not with the agent's code."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """One-layer OCI-layout image tars for the real-node tests, built from Debian's static busybox
-(tests/realnode/build-runtime.sh puts it beside containerd): no container registry is reachable
-from these machines, so the pause image and the test image are written here and loaded with
-``ctr -n k8s.io images import``. Standard library only; the tars are byte-for-byte repeatable."""
+(tests/harness/realnode/build-runtime.sh puts it beside containerd): no container registry is
+reachable from these machines, so the pause image and the test image are written here and loaded
+with ``ctr -n k8s.io images import``. Standard library only; the tars are byte-for-byte
+repeatable."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A real kube-apiserver (+ embedded etcd) on loopback, for integration tests.
 
-Standard library only. The Go side lives in ``tests/apiserver`` (one binary,
+Standard library only. The Go side lives in ``tests/harness/apiserver`` (one binary,
 ``harness``, with the subcommands ``certs``, ``etcd`` and ``apiserver``); it
-is built by ``tests/apiserver/build.sh`` into a cache directory keyed by the
+is built by ``tests/harness/apiserver/build.sh`` into a cache directory keyed by the
 hash of its sources, so only the first run on a machine pays for the build.
 
 Typical use from a conftest::
@@ -18,7 +18,7 @@ or directly::
     finally:
         srv.close()
 
-Releases: every directory ``tests/apiserver/releases/<major.minor>`` is one
+Releases: every directory ``tests/harness/apiserver/releases/<major.minor>`` is one
 Kubernetes release the harness builds (``releases()``, newest first). A test
 runs on ``NODEAGENT_KUBE_RELEASE`` (default: the newest) unless it asks for a
 release (``start_apiserver(tmp, release="1.35")``); ``srv.release`` and
@@ -85,8 +85,8 @@ __all__ = [
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD_SH = REPO_ROOT / "tests" / "apiserver" / "build.sh"
-RELEASES_DIR = REPO_ROOT / "tests" / "apiserver" / "releases"
+BUILD_SH = REPO_ROOT / "tests" / "harness" / "apiserver" / "build.sh"
+RELEASES_DIR = REPO_ROOT / "tests" / "harness" / "apiserver" / "releases"
 RELEASE_ENV = "NODEAGENT_KUBE_RELEASE"
 GATES_ENV = "NODEAGENT_KUBE_GATES"
 GATE_LANES = ("default", "all-dra")
@@ -137,7 +137,7 @@ def _normalize_release(release: str) -> str:
     if m.group(2) is not None and release_version(m.group(1)) != f"v{r}":
         raise ValueError(
             f"release {m.group(1)} is pinned to {release_version(m.group(1))}, not v{r} "
-            "(tests/apiserver/releases/pin.sh moves it)"
+            "(tests/harness/apiserver/releases/pin.sh moves it)"
         )
     return m.group(1)
 
@@ -171,7 +171,7 @@ _binaries_lock = threading.Lock()
 
 
 def build_harness(release: str | None = None) -> pathlib.Path:
-    """Run tests/apiserver/build.sh for ``release`` (default: :func:`selected_release`; a
+    """Run tests/harness/apiserver/build.sh for ``release`` (default: :func:`selected_release`; a
     no-op when cached); return the binary path.
 
     The first build of a release compiles kube-apiserver and etcd (minutes); later calls

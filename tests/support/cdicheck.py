@@ -1,10 +1,10 @@
 """The upstream CDI library reading CDI spec files, for tests.
 
-Standard library only. The Go side lives in ``tests/cdicheck`` (one binary, ``cdicheck``, built
-on ``tags.cncf.io/container-device-interface`` at the version containerd v2.4.2 uses, unchanged);
-it is built by ``tests/cdicheck/build.sh`` into a cache directory keyed by the hash of its
-sources, so only the first run on a machine pays for the build, and a test that needs it builds
-it on demand. Each call is one short process (about 10 ms)::
+Standard library only. The Go side lives in ``tests/harness/cdicheck`` (one binary, ``cdicheck``,
+built on ``tags.cncf.io/container-device-interface`` at the version containerd v2.4.2 uses,
+unchanged); it is built by ``tests/harness/cdicheck/build.sh`` into a cache directory keyed by the
+hash of its sources, so only the first run on a machine pays for the build, and a test that needs
+it builds it on demand. Each call is one short process (about 10 ms)::
 
     result = validate(path)  # {"minimumVersion": "0.5.0", "version": "0.5.0", "error": ""}
     oci = inject(spec_dir, ["k8s.gpu.example.com/device=gpu-0"])  # the OCI spec, edited
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD_SH = REPO_ROOT / "tests" / "cdicheck" / "build.sh"
+BUILD_SH = REPO_ROOT / "tests" / "harness" / "cdicheck" / "build.sh"
 TIMEOUT = 60.0
 
 
@@ -55,7 +55,7 @@ _BINARY = GoBinary(BUILD_SH, "NODEAGENT_CDICHECK_BIN", CdiCheckBuildError)
 
 
 def build_cdicheck() -> pathlib.Path:
-    """Run tests/cdicheck/build.sh (a no-op when cached); return the binary path."""
+    """Run tests/harness/cdicheck/build.sh (a no-op when cached); return the binary path."""
     return _BINARY.path()
 
 

@@ -1,9 +1,9 @@
 """The seed-era DRA plugin built from the upstream Go helper, for tests.
 
-Standard library only. The Go side lives in ``tests/draplugin`` (one binary, ``draplugin``,
+Standard library only. The Go side lives in ``tests/harness/draplugin`` (one binary, ``draplugin``,
 built with ``k8s.io/dynamic-resource-allocation/kubeletplugin`` v0.30 unchanged); it is built by
-``tests/draplugin/build.sh`` into a cache directory keyed by the hash of its sources, so only the
-first run on a machine pays for the build, and a test that needs it builds it on demand.
+``tests/harness/draplugin/build.sh`` into a cache directory keyed by the hash of its sources, so
+only the first run on a machine pays for the build, and a test that needs it builds it on demand.
 
 It registers the way real 1.30 drivers did: ``<registry>/<driver>-reg.sock`` for registration,
 ``<plugins>/<driver>/dra.sock`` for the v1alpha3 ``Node`` service, a directory of its own outside
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD_SH = REPO_ROOT / "tests" / "draplugin" / "build.sh"
+BUILD_SH = REPO_ROOT / "tests" / "harness" / "draplugin" / "build.sh"
 START_TIMEOUT = 30.0
 RELOADED = "SIGHUP: inventory reloaded"
 
@@ -55,7 +55,7 @@ _BINARY = GoBinary(BUILD_SH, "NODEAGENT_DRAPLUGIN_BIN", DraPluginBuildError)
 
 
 def build_draplugin() -> pathlib.Path:
-    """Run tests/draplugin/build.sh (a no-op when cached); return the binary path."""
+    """Run tests/harness/draplugin/build.sh (a no-op when cached); return the binary path."""
     return _BINARY.path()
 
 

@@ -1,9 +1,9 @@
 """The modern, self-publishing DRA driver built from the current upstream Go helper, for tests.
 
-Standard library only. The Go side lives in ``tests/draplugin-v037`` (one binary,
+Standard library only. The Go side lives in ``tests/harness/draplugin-v037`` (one binary,
 ``draplugin-v037``, built with ``k8s.io/dynamic-resource-allocation/kubeletplugin`` v0.37.2
-unchanged); it is built by ``tests/draplugin-v037/build.sh`` into a cache directory keyed by the
-hash of its sources, so only the first run on a machine pays for the build.
+unchanged); it is built by ``tests/harness/draplugin-v037/build.sh`` into a cache directory keyed by
+the hash of its sources, so only the first run on a machine pays for the build.
 
 It registers as drivers on that helper do: ``<registry>/<driver>-reg.sock`` listing the services
 ``v1.DRAPlugin``, ``v1beta1.DRAPlugin``, ``v1.DRAResourceHealth``, ``v1alpha1.DRAResourceHealth``,
@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD_SH = REPO_ROOT / "tests" / "draplugin-v037" / "build.sh"
+BUILD_SH = REPO_ROOT / "tests" / "harness" / "draplugin-v037" / "build.sh"
 START_TIMEOUT = 30.0
 REPUBLISHED = "SIGHUP: devices republished"
 
@@ -71,7 +71,7 @@ _BINARY = GoBinary(BUILD_SH, "NODEAGENT_DRAPLUGIN_V037_BIN", DraPluginV037BuildE
 
 
 def build_draplugin_v037() -> pathlib.Path:
-    """Run tests/draplugin-v037/build.sh (a no-op when cached); return the binary path."""
+    """Run tests/harness/draplugin-v037/build.sh (a no-op when cached); return the binary path."""
     return _BINARY.path()
 
 

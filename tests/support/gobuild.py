@@ -1,5 +1,5 @@
 """Go test binaries built by a `build.sh` that caches them by the hash of their sources and
-prints the binary's path on its last line (tests/apiserver, tests/draplugin). Stdlib only."""
+prints the binary's path on its last line (tests/harness/*/build.sh). Stdlib only."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-# The shared body of the tests' Go builds (tests/*/build.sh source this file): find Go, key a
-# cache directory by the build's inputs, print the cached binary's path, or build it (one build at a
-# time per directory) and print its path, always on the last line of stdout.
+# The shared body of the tests' Go builds (tests/harness/*/build.sh source this file): find Go,
+# key a cache directory by the build's inputs, print the cached binary's path, or build it (one
+# build at a time per directory) and print its path, always on the last line of stdout.
 #
 # The key is the hash of the source files a build.sh names and of its `go build` command line
 # (flags, package, environment): what decides the binary, not the text of the scripts, so editing
-# a script without changing what it builds keeps its cache.
+# a script without changing what it builds keeps its cache. The files are hashed by content and
+# named relative to the build's directory (and -trimpath keeps paths out of the binary), so the
+# checkout's path is in neither: a fresh clone anywhere finds the same cache.
 #
 # Needs only Go and the Go module proxy. Uses the default GOCACHE/GOMODCACHE so Go's own caches
 # are shared across the builds and across clones.
@@ -25,19 +27,6 @@ gobuild_find_go() {
     fi
   fi
 }
-
-# Builds keyed by the build scripts' text before this file held their common body (the same
-# sources and command lines): taken over instead of built again. "new-dir old-dir", both under
-# the cache root.
-_gobuild_adopted=(
-  "apiserver-harness-1.35-caa47b98437caea0 apiserver-harness-1.35-ed5379d5440a9c28"
-  "apiserver-harness-1.36-aed90755514c7248 apiserver-harness-1.36-338ab4cf5317da0c"
-  "apiserver-harness-1.37-64380ef4769e180f apiserver-harness-1.37-684b3a867bf82e00"
-  "draplugin-178eacfe170c2590 draplugin-b8a0f16bb7a55695"
-  "draplugin-v037-cf0d908c9e792349 draplugin-v037-d388fed5c0fd5a0f"
-  "katalystplugin-1a50d7abd0e1c679 katalystplugin-cc7e3728f003f2ef"
-  "helm-51f3b8aaafbf23cb helm-b568664b5124e8e2"
-)
 
 # gobuild NAME PREFIX DESCRIPTION SOURCES -- [VAR=VALUE...] GO_BUILD_ARGS...
 #   NAME         the binary's file name in its cache directory
@@ -77,14 +66,6 @@ gobuild() {
       return 0
     fi
   fi
-  local entry
-  for entry in "${_gobuild_adopted[@]}"; do
-    if [[ "${entry%% *}" == "$prefix-$key" && -x "$root/${entry#* }/$name" ]]; then
-      ln -f "$root/${entry#* }/$name" "$bin" 2>/dev/null || cp -f "$root/${entry#* }/$name" "$bin"
-      echo "$bin"
-      return 0
-    fi
-  done
   local tmp
   tmp="$(mktemp "$outdir/$name.XXXXXX")"
   # shellcheck disable=SC2064  # the path is fixed now

@@ -1,6 +1,7 @@
-"""A running Go test binary (tests/draplugin, tests/draplugin-v037, tests/katalystplugin): its
-stderr in a log file, a polled wait that fails with the log's tail, a SIGHUP reload of the JSON
-file it reads, SIGTERM/SIGKILL, and no process left behind when a test dies. Stdlib only."""
+"""A running Go test binary (tests/harness/draplugin, tests/harness/draplugin-v037,
+tests/harness/katalystplugin): its stderr in a log file, a polled wait that fails with the log's
+tail, a SIGHUP reload of the JSON file it reads, SIGTERM/SIGKILL, and no process left behind when a
+test dies. Stdlib only."""
 
 from __future__ import annotations
 

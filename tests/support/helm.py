@@ -1,7 +1,7 @@
-"""The `helm` CLI built from the Go module proxy (tests/helm/build.sh, cached by the hash of its
-sources), and the chart deploy/helm/nodeagent rendered with it; the Prometheus Operator's CRDs
-(for the chart's PodMonitor, ServiceMonitor and PrometheusRule) from its Go module, checked
-against the Go checksum database by `go mod download`."""
+"""The `helm` CLI built from the Go module proxy (tests/harness/helm/build.sh, cached by the hash of
+its sources), and the chart deploy/helm/nodeagent rendered with it; the Prometheus Operator's CRDs
+(for the chart's PodMonitor, ServiceMonitor and PrometheusRule) from its Go module, checked against
+the Go checksum database by `go mod download`."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 CHART = REPO_ROOT / "deploy" / "helm" / "nodeagent"
-BUILD_SH = REPO_ROOT / "tests" / "helm" / "build.sh"
+BUILD_SH = REPO_ROOT / "tests" / "harness" / "helm" / "build.sh"
 # The Prometheus Operator release whose CRDs (example/prometheus-operator-crd/ of its module)
 # the chart's monitoring objects are applied against.
 PROMETHEUS_OPERATOR = "v0.85.0"

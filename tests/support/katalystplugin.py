@@ -1,10 +1,10 @@
 """A Katalyst reporter plugin built on the upstream katalyst-api, for tests.
 
-Standard library only. The Go side lives in ``tests/katalystplugin`` (one binary,
+Standard library only. The Go side lives in ``tests/harness/katalystplugin`` (one binary,
 ``katalystplugin``, built on ``github.com/kubewharf/katalyst-api``'s ``pkg/plugins/skeleton``
 registration wrapper and its generated ``reporterplugin/v1alpha1`` service, used unchanged); it
-is built by ``tests/katalystplugin/build.sh`` into a cache directory keyed by the hash of its
-sources, so only the first run on a machine pays for the build, and a test that needs it builds
+is built by ``tests/harness/katalystplugin/build.sh`` into a cache directory keyed by the hash of
+its sources, so only the first run on a machine pays for the build, and a test that needs it builds
 it on demand.
 
 It serves the Registration and ReporterPlugin services on one socket, ``<dir>/<name>.sock``, the
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-MODULE_DIR = REPO_ROOT / "tests" / "katalystplugin"
+MODULE_DIR = REPO_ROOT / "tests" / "harness" / "katalystplugin"
 BUILD_SH = MODULE_DIR / "build.sh"
 START_TIMEOUT = 30.0
 RELOADED = "SIGHUP: content reloaded"
@@ -62,7 +62,7 @@ _BINARY = GoBinary(BUILD_SH, "NODEAGENT_KATALYSTPLUGIN_BIN", KatalystPluginBuild
 
 
 def build_katalystplugin() -> pathlib.Path:
-    """Run tests/katalystplugin/build.sh (a no-op when cached); return the binary path."""
+    """Run tests/harness/katalystplugin/build.sh (a no-op when cached); return the binary path."""
     return _BINARY.path()
 
 

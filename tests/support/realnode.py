@@ -20,8 +20,8 @@ namespaces: a host process (a DRA driver, the agent) creates its sockets there a
 reaches them. ``run_on_node`` starts a process inside the namespace instead (close() kills it
 with the node).
 
-Builds: tests/apiserver/build-node.sh (kubelet + scheduler, per release) and
-tests/realnode/build-runtime.sh (containerd, runc, busybox; installs the CNI plugins).
+Builds: tests/harness/apiserver/build-node.sh (kubelet + scheduler, per release) and
+tests/harness/realnode/build-runtime.sh (containerd, runc, busybox; installs the CNI plugins).
 
 Environment:
     NODEAGENT_NODE_BIN     use this node binary (kubelet + scheduler) instead of building one
@@ -57,8 +57,8 @@ __all__ = [
 ]
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-BUILD_NODE_SH = REPO_ROOT / "tests" / "apiserver" / "build-node.sh"
-BUILD_RUNTIME_SH = REPO_ROOT / "tests" / "realnode" / "build-runtime.sh"
+BUILD_NODE_SH = REPO_ROOT / "tests" / "harness" / "apiserver" / "build-node.sh"
+BUILD_RUNTIME_SH = REPO_ROOT / "tests" / "harness" / "realnode" / "build-runtime.sh"
 CNI_BIN_DIR = pathlib.Path("/usr/lib/cni")
 # The kubelet's address and the Node's InternalIP, on a veth link the node adds to the test's
 # network namespace. A loopback --node-ip leaves the Node without addresses ("nodeIP can't be
@@ -145,8 +145,8 @@ _build_lock = threading.Lock()
 
 
 def build_node_binary(release: str) -> pathlib.Path:
-    """tests/apiserver/build-node.sh for ``release`` ("1.37"; a no-op when cached): the binary
-    with the ``kubelet`` and ``scheduler`` subcommands."""
+    """tests/harness/apiserver/build-node.sh for ``release`` ("1.37"; a no-op when cached): the
+    binary with the ``kubelet`` and ``scheduler`` subcommands."""
     with _build_lock:
         binary = _node_bins.get(release)
         if binary is None:
@@ -156,7 +156,7 @@ def build_node_binary(release: str) -> pathlib.Path:
 
 
 def build_runtime() -> pathlib.Path:
-    """tests/realnode/build-runtime.sh (a no-op when cached): the directory with containerd,
+    """tests/harness/realnode/build-runtime.sh (a no-op when cached): the directory with containerd,
     containerd-shim-runc-v2, ctr, runc and busybox."""
     return _runtime.path()
 
@@ -223,8 +223,8 @@ class RealNode:
         cdi_dir: containerd's CDI spec directory (its only one)
         containerd_address: containerd's gRPC socket
         kubelet_port: the kubelet's HTTPS port on node_ip
-        runtime_dir: containerd, ctr, runc, busybox (tests/realnode/build-runtime.sh)
-        node_binary: the kubelet + scheduler binary (tests/apiserver/build-node.sh)
+        runtime_dir: containerd, ctr, runc, busybox (tests/harness/realnode/build-runtime.sh)
+        node_binary: the kubelet + scheduler binary (tests/harness/apiserver/build-node.sh)
         containerd_log, kubelet_log, scheduler_log: the components' logs
         mount_ns_pid: a process in the node's mount namespace (for ``nsenter -t <pid> -m``)
     """
