@@ -132,7 +132,12 @@ def chart_install() -> Install:
         for doc in load_manifest(path)
     ]
     docs = tuple(operator + template(release, namespace, [CHART_VALUES], include_crds=True))
-    (account,) = [d["metadata"]["name"] for d in docs if d["kind"] == "ServiceAccount"]
+    # The agent's account (the rollout controller has its own).
+    (account,) = [
+        d["spec"]["template"]["spec"]["serviceAccountName"]
+        for d in docs
+        if d["kind"] == "DaemonSet"
+    ]
     return Install("chart", docs, namespace, account, f"{release}-nodeagent")
 
 

@@ -19,6 +19,7 @@ from tests.support.apiserver import ApiServer, apiserver_fixture
 from tests.support.helm import template
 
 # Its own apiserver: the policies applied here bind cluster-wide.
+LEASE = "nodeagent-rollout-controller"
 apiserver = apiserver_fixture(scope="module", name="apiserver")
 
 
@@ -53,7 +54,10 @@ async def test_the_default_values_apply(admin: KubeClient) -> None:
         "ClusterRoleBinding",
         "CustomResourceDefinition",
         "DaemonSet",
+        "Deployment",
         "Namespace",
+        "Role",
+        "RoleBinding",
         "ServiceAccount",
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
@@ -61,6 +65,50 @@ async def test_the_default_values_apply(admin: KubeClient) -> None:
     for doc in docs:
         found = await _read_back(admin, doc)
         assert found["kind"] == doc["kind"]
+
+
+# What the rollout controller's account may do, as the apiserver's RBAC authorizer answers a
+# SubjectAccessReview once the default values are applied: (verb, group, resource, subresource,
+# namespace, name) -> allowed.
+CONTROLLER_ACCESS = [
+    (("watch", "nodeagent.io", "nodeagentconfigs", "", "", ""), True),
+    (("update", "nodeagent.io", "nodeagentconfigs", "status", "", "web"), True),
+    (("patch", "nodeagent.io", "nodeagentconfigs", "status", "", "web"), True),
+    (("update", "nodeagent.io", "nodeagentconfigs", "", "", "web"), False),  # not the spec
+    (("delete", "nodeagent.io", "nodeagentconfigs", "", "", "web"), False),
+    (("create", "nodeagent.io", "nodeagentconfigs", "", "", ""), False),
+    (("list", "", "nodes", "", "", ""), True),
+    (("patch", "", "nodes", "status", "", "node-a"), False),  # the agents' condition, not its
+    (("list", "", "pods", "", "", ""), False),
+    (("get", "", "secrets", "", "nodeagent", ""), False),
+    (("create", "", "events", "", "default", ""), True),
+    (("create", "coordination.k8s.io", "leases", "", "nodeagent", ""), True),
+    (("update", "coordination.k8s.io", "leases", "", "nodeagent", LEASE), True),
+    (("update", "coordination.k8s.io", "leases", "", "nodeagent", "another"), False),
+    (("get", "coordination.k8s.io", "leases", "", "kube-system", LEASE), False),
+    (("delete", "coordination.k8s.io", "leases", "", "nodeagent", LEASE), False),
+]
+
+
+async def test_the_rollout_controller_may_do_what_it_needs_and_no_more(admin: KubeClient) -> None:
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nodeagent"}}
+    await apply_docs(admin, [namespace, *template(include_crds=True)], strict=True)
+    user = "system:serviceaccount:nodeagent:nodeagent-rollout-controller"
+    reviews = await admin.discover("authorization.k8s.io/v1", "SubjectAccessReview")
+    answers = []
+    for (verb, group, resource, sub, ns, name), _ in CONTROLLER_ACCESS:
+        attributes = {"verb": verb, "group": group, "resource": resource}
+        for key, value in (("subresource", sub), ("namespace", ns), ("name", name)):
+            if value:
+                attributes[key] = value
+        body = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attributes},
+        }
+        review = msgspec.json.decode(await admin.create(reviews, body))
+        answers.append(((verb, group, resource, sub, ns, name), review["status"]["allowed"]))
+    assert answers == CONTROLLER_ACCESS
 
 
 async def test_the_full_values_apply(admin: KubeClient) -> None:

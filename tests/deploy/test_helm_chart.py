@@ -35,6 +35,8 @@ MONITORING_GROUP = "monitoring.coreos.com"
 HELM_LABELS = ("app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart")
 # The required image.repository, for the helm commands run here directly (template() has it).
 IMAGE = ["--values", str(IMAGE_VALUES)]
+# The rollout controller's objects in the full values' release.
+ROLLOUT_CONTROLLER = f"{CHART_RELEASE[0]}-nodeagent-rollout-controller"
 
 
 def _full_values() -> dict[str, Any]:
@@ -233,16 +235,22 @@ def test_every_object_names_the_release() -> None:
         for condition in policy["spec"].get("matchConditions", []):
             if "serviceaccount" in condition["expression"]:
                 assert condition["expression"] == f"request.userInfo.username == '{user}'"
-    (binding,) = [
+    bindings = [
         d
         for d in docs
-        if d["kind"] == "ClusterRoleBinding"
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
         and "subjects" in d
         and d["subjects"][0]["kind"] == "ServiceAccount"
     ]
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "agent", "namespace": namespace}
+    assert sorted(
+        (b["kind"], b["metadata"]["name"], b["subjects"][0]["name"]) for b in bindings
+    ) == [
+        ("ClusterRoleBinding", f"{release}-nodeagent", "agent"),
+        ("ClusterRoleBinding", ROLLOUT_CONTROLLER, ROLLOUT_CONTROLLER),
+        ("RoleBinding", ROLLOUT_CONTROLLER, ROLLOUT_CONTROLLER),
     ]
+    for binding in bindings:
+        assert binding["subjects"][0]["namespace"] == namespace
 
 
 def test_the_config_values_are_the_agents_config_file(tmp_path: pathlib.Path) -> None:
@@ -343,6 +351,9 @@ def test_a_null_config_value_is_refused(tmp_path: pathlib.Path, checked: bool) -
         ("daemonset.extraVolumes[0].emptyDir.medium=Memory", "/daemonset/extraVolumes/0"),
         ("daemonset.extraVolumeMounts[0].name=x", "/daemonset/extraVolumeMounts/0"),
         ("daemonset.extraVolumeMounts=x", "/daemonset/extraVolumeMounts"),
+        ("rolloutController.replicas=-1", "/rolloutController/replicas"),
+        ("rolloutController.metricsPort=0", "/rolloutController/metricsPort"),
+        ("rolloutController.leaseName=x", "leaseName"),
     ],
 )
 def test_a_bad_value_is_refused_naming_it(assignment: str, named: str) -> None:
@@ -354,13 +365,17 @@ def test_a_bad_value_is_refused_naming_it(assignment: str, named: str) -> None:
 def test_the_image_repository_is_required_with_a_clear_message() -> None:
     """No default image: `nodeagent:<version>` resolved to a public registry where no such image
     exists and the pods stalled pulling it (issue 29 item 17). The message says what to set and
-    where the image comes from; a chart without the DaemonSet needs no image."""
+    where the image comes from; a chart without the DaemonSet and the rollout controller needs no
+    image (a systemd-only install of the CRDs and grants)."""
     answer = helm("template", "x", str(CHART), check=False)
     assert answer.returncode != 0
     assert "image.repository is required" in answer.stderr, answer.stderr
     for hint in ("deploy/image/build.sh", "ctr -n k8s.io images import", "container-image.md"):
         assert hint in answer.stderr, answer.stderr
     args = ["--set", "daemonset.enabled=false", "--set", "nodeCredentialsAccess.enabled=true"]
+    answer = helm("template", "x", str(CHART), *args, check=False)
+    assert answer.returncode != 0 and "image.repository is required" in answer.stderr
+    args += ["--set", "rolloutController.enabled=false"]
     assert helm("template", "x", str(CHART), *args, check=False).returncode == 0
     daemonset = _only(
         template(sets=["image.repository=registry.example.com/nodeagent"]), "DaemonSet"
@@ -522,3 +537,130 @@ def test_the_config_schema_is_the_agents() -> None:
 
 def test_plain_install_is_the_default_namespace_and_account() -> None:
     assert (PLAIN.namespace, PLAIN.service_account, PLAIN.policy_prefix) == ("nodeagent",) * 3
+
+
+def _controller(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    (doc,) = [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and d["metadata"]["labels"].get("app.kubernetes.io/component") == "rollout-controller"
+    ]
+    return doc
+
+
+def test_the_rollout_controller_is_installed_by_default_with_least_privilege() -> None:
+    """On by default (an object with spec.rollout waits for it): a Deployment of 2 replicas (a
+    rolling update never leaves none: the Lease passes to the other) running `nodeagent
+    rollout-controller` from the agent's image as a non-root user, probed on /healthz, and RBAC
+    that grants exactly what it needs: read NodeAgentConfigs and Nodes, write only the
+    NodeAgentConfigs' status, Events, and the one Lease in its namespace."""
+    docs = template()
+    deployment = _controller(docs, "Deployment")
+    assert deployment["metadata"]["name"] == "nodeagent-rollout-controller"
+    assert deployment["metadata"]["namespace"] == "nodeagent"
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    pod = spec["template"]
+    assert spec["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    # Its pods are not the DaemonSet's: the selectors differ by the component label.
+    daemonset = _only(docs, "DaemonSet")
+    assert spec["selector"]["matchLabels"] != daemonset["spec"]["selector"]["matchLabels"]
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == daemonset["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert container["args"] == [
+        "rollout-controller",
+        "--namespace=nodeagent",
+        "--identity=$(POD_NAME)",
+        "--lease-name=nodeagent-rollout-controller",  # the one Lease its Role may renew
+        "--metrics-address=0.0.0.0:9466",
+    ]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9466}]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["limits"]["memory"]
+    account = pod["spec"]["serviceAccountName"]
+    assert (
+        account
+        == "nodeagent-rollout-controller"
+        != daemonset["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+    assert _controller(docs, "ServiceAccount")["metadata"]["name"] == account
+
+    def grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str, str]]:
+        return {
+            (group, resource, verb, ",".join(rule.get("resourceNames", [])))
+            for rule in rules
+            for group in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    cluster = grants(_controller(docs, "ClusterRole")["rules"])
+    assert cluster == {
+        ("nodeagent.io", "nodeagentconfigs", "get", ""),
+        ("nodeagent.io", "nodeagentconfigs", "list", ""),
+        ("nodeagent.io", "nodeagentconfigs", "watch", ""),
+        ("nodeagent.io", "nodeagentconfigs/status", "update", ""),
+        ("nodeagent.io", "nodeagentconfigs/status", "patch", ""),
+        ("", "nodes", "get", ""),
+        ("", "nodes", "list", ""),
+        ("", "nodes", "watch", ""),
+        ("", "events", "create", ""),
+        ("", "events", "patch", ""),
+    }
+    role = _controller(docs, "Role")
+    assert role["metadata"]["namespace"] == "nodeagent"
+    lease = "nodeagent-rollout-controller"
+    assert grants(role["rules"]) == {
+        ("coordination.k8s.io", "leases", "create", ""),
+        ("coordination.k8s.io", "leases", "get", lease),
+        ("coordination.k8s.io", "leases", "update", lease),
+    }
+    for kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = _controller(docs, kind)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": "nodeagent-rollout-controller",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "nodeagent"}
+        ]
+
+
+def test_full_values_reach_the_rollout_controller() -> None:
+    values = _full_values()["rolloutController"]
+    docs = _render("full")
+    deployment = _controller(docs, "Deployment")
+    _, namespace = CHART_RELEASE
+    assert deployment["metadata"]["namespace"] == namespace
+    assert deployment["spec"]["replicas"] == values["replicas"]
+    assert deployment["spec"]["strategy"] == values["strategy"]
+    pod = deployment["spec"]["template"]
+    spec = pod["spec"]
+    for key in ("tolerations", "nodeSelector", "affinity", "priorityClassName"):
+        assert spec[key] == values[key], key
+    (container,) = spec["containers"]
+    assert container["resources"] == values["resources"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": values["metricsPort"]}]
+    assert f"--namespace={namespace}" in container["args"]
+    assert container["args"][-len(values["extraArgs"]) :] == values["extraArgs"]
+    assert container["env"][-len(values["extraEnv"]) :] == values["extraEnv"]
+    assert pod["metadata"]["labels"]["example.com/tier"] == "control"
+    annotations = pod["metadata"]["annotations"]
+    assert annotations["example.com/note"] == "the rollout controller"
+    assert annotations["prometheus.io/port"] == str(values["metricsPort"])
+
+
+def test_the_rollout_controller_can_be_left_out() -> None:
+    docs = template(sets=["rolloutController.enabled=false"])
+    assert not [
+        d
+        for d in docs
+        if d["metadata"]["labels"].get("app.kubernetes.io/component") == "rollout-controller"
+    ]
+    assert _only(docs, "DaemonSet")

@@ -38,6 +38,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- end -}}
 
+{{/* The image of the agent's pods and the rollout controller's (deploy/image/build.sh builds it:
+docker.io/library/nodeagent:<version>), pushed to a registry or loaded into every node's runtime
+(docs/operating/container-image.md); the chart has no default repository. A test keeps the
+appVersion equal to the version. */}}
+{{- define "nodeagent.image" -}}
+{{- $missing := "image.repository is required: the nodeagent image is in no public registry. Build it (sudo bash deploy/image/build.sh), then push it to a registry the nodes pull from and set image.repository to it, or load dist/image/nodeagent-oci.tar on every node (containerd: ctr -n k8s.io images import nodeagent-oci.tar; kind: kind load image-archive) and set image.repository=docker.io/library/nodeagent (docs/operating/container-image.md)" -}}
+{{- printf "%s:%s" (required $missing .Values.image.repository) (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
 {{/* The node a pod-bound service-account token names (empty for any other token). */}}
 {{- define "nodeagent.tokenNodeVariable" -}}
 - name: node
