@@ -212,6 +212,9 @@ class _Boot(Generic[C]):
         self.events.append(ConfigEvent("Warning", "ConfigTrialFailed", message))
 
     def _from_lkg(self, source: str, reason: str, now: float) -> BootResult[C]:
+        held = self._from_passed(source, now)
+        if held is not None:
+            return held
         lkg = self.state.lkg
         if lkg is None or lkg.config is None:
             return self._local(
@@ -238,6 +241,36 @@ class _Boot(Generic[C]):
         log.info("dynconfig boot", source=source, reason=reason, hash=lkg.hash)
         return self._result(config, source, reason, lkg, "checkpoint", condition)
 
+    def _from_passed(self, source: str, now: float) -> BootResult[C] | None:
+        """A config of a rollout that ran through its trial but is not last-known-good yet (its
+        rollout not Complete, issue 31) is what ran: start on it again, within the grace, not on
+        trial (None: there is none, or it cannot run: the start goes on from last-known-good)."""
+        passed = self.state.passed
+        if passed is None or source != "checkpoint":
+            return None
+        problem = self._expired(now)
+        config = None
+        if problem is None and passed.config is not None:
+            try:
+                config = self.build(passed.config)
+            except ConfigError as exc:
+                problem = f"it no longer builds: {exc}"
+        if config is None:
+            log.info("dynconfig held config not resumed", name=passed.name, reason=problem)
+            self.state.passed = None
+            self._save()
+            return None
+        age = max(0.0, now - (self.state.confirmed_at or 0.0))
+        reason = (
+            f"checkpointed {describe_known(passed)}, through its trial, its rollout not "
+            f"Complete ({age:.0f}s old)"
+        )
+        condition = Condition(
+            True, "Checkpoint", f"running {describe_known(passed)} from the checkpoint"
+        )
+        log.info("dynconfig boot", source=source, reason=reason, hash=passed.hash)
+        return self._result(config, source, reason, passed, "checkpoint", condition)
+
     def _expired(self, now: float) -> str | None:
         """Why the checkpoint is past its grace (None: within it). A confirmation later than
         now by more than FUTURE_SKEW has no age to measure (the clock moved back since, or it
@@ -257,7 +290,7 @@ class _Boot(Generic[C]):
         return None
 
     def _forget_lkg(self) -> None:
-        self.state.lkg, self.state.lkg_at = None, None
+        self.state.lkg, self.state.lkg_at, self.state.passed = None, None, None
         self._save()
 
     def _local(self, source: str, reason: str) -> BootResult[C]:

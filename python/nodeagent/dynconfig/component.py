@@ -19,6 +19,7 @@ from nodeagent.accumulator import Accumulator, AccumulatorSettings, ObjectMap, Q
 from nodeagent.core.component import Readiness
 from nodeagent.core.errors import ConfigError
 from nodeagent.core.wake import Wake
+from nodeagent.dynconfig.admission import gate
 from nodeagent.dynconfig.condition import ConditionWriter
 from nodeagent.dynconfig.controller import Controller
 from nodeagent.dynconfig.health import ComponentHealth
@@ -253,14 +254,14 @@ class DynconfigComponent:
             self.controller.assign(None, self._reports())
             return
         meta = target.metadata
+        config = dict(target.spec.config or {})
+        # The object's rollout (issue 31), judged on every selection: a change of its status
+        # alone (the controller moving the threshold) is one, and admits the node then.
+        rollout = gate(target, self.node_name, labels, self.controller.hasher(config))
         self.controller.assign(
-            Assignment(
-                name=meta.name,
-                uid=meta.uid,
-                generation=meta.generation,
-                config=dict(target.spec.config or {}),
-            ),
+            Assignment(name=meta.name, uid=meta.uid, generation=meta.generation, config=config),
             self._reports(),
+            rollout,
         )
 
     @property

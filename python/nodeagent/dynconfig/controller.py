@@ -27,6 +27,7 @@ from nodeagent.checkpoint import CheckpointStore
 from nodeagent.core.backoff import Backoff
 from nodeagent.core.errors import ConfigError
 from nodeagent.dynconfig import state as persisted
+from nodeagent.dynconfig.admission import Gate
 from nodeagent.dynconfig.boot import BootResult
 from nodeagent.dynconfig.health import ComponentHealth, HealthTracker
 from nodeagent.dynconfig.metrics import (
@@ -35,6 +36,7 @@ from nodeagent.dynconfig.metrics import (
     LKG_INFO,
     REJECTED,
     ROLLBACKS,
+    ROLLOUT_WAITING,
     TRIALS_DEFERRED,
     VETOES,
     set_info,
@@ -145,6 +147,10 @@ class Controller(Generic[C]):
         # Why the watch could not select (a tie, an unreadable list or target), until it
         # selects again: (condition reason, text).
         self._kept: tuple[str, str] | None = None
+        # The rollout's word on the assigned config (issue 31; None: no spec.rollout), and
+        # whether a selection gave it yet (before, a trial's own `rollout` flag decides).
+        self._gate: Gate | None = None
+        self._gated = False
         self.condition_ = booted.condition
         self.changed = trio.Event()
         self.health = HealthTracker(settings)
@@ -184,14 +190,23 @@ class Controller(Generic[C]):
 
     # -- inputs from the watch --
 
-    def assign(self, target: Assignment | None, reports: Sequence[ComponentHealth] = ()) -> None:
-        """The watch selected `target` (None: no object targets this node: the local config)."""
+    def assign(
+        self,
+        target: Assignment | None,
+        reports: Sequence[ComponentHealth] = (),
+        gate: Gate | None = None,
+    ) -> None:
+        """The watch selected `target` (None: no object targets this node: the local config);
+        `gate`: what its rollout says of it on this node (None: the object has no rollout)."""
         self._kept = None
+        self._gated = True
         if target is None:
+            self._gate = None
             self._deferred = None
             self._assign_local()
             return
         target = msgspec.structs.replace(target, hash=self.hasher(target.config))
+        self._gate = gate
         if target != self._deferred:
             self._deferred = None
         if target == self.state.assigned:
@@ -204,10 +219,19 @@ class Controller(Generic[C]):
             set_info(ASSIGNED_INFO, hash=target.hash, name=target.name)
             self._save()
         if target.hash == self.active.hash:
+            if gate is not None and gate.aborted:
+                self._abort(target, gate)
+                return
+            self._promote_passed()
             self._refresh_condition()
             return
         if self.state.bad_for(target) is not None:
             # Its error stays on the condition as it was written: a relist writes nothing.
+            self._refresh_condition()
+            return
+        if gate is not None and not gate.admitted:
+            # Not this node's turn (issue 31): what runs keeps running; the condition says why.
+            self._deferred = None
             self._refresh_condition()
             return
         lkg = self.state.lkg
@@ -269,15 +293,64 @@ class Controller(Generic[C]):
             )
         else:
             self._end_trial()
-        self.state.lkg, self.state.lkg_at = None, self.wall()
+        self.state.lkg, self.state.lkg_at, self.state.passed = None, self.wall(), None
         LKG_INFO.clear()
         self._save()
         self._refresh_condition()
+
+    def _abort(self, target: Assignment, gate: Gate) -> None:
+        """The rollout of the config this node runs was aborted: back to last-known-good (the
+        previous config), as after a rollback but without marking it bad (it was never judged
+        here); lifting the abort lets it be taken again."""
+        lkg = self.state.lkg or LOCAL
+        if lkg.hash == target.hash:
+            # Aborted once Complete: nothing older is kept to go back to.
+            self._refresh_condition()
+            return
+        if not self._switch(lkg, f"abort of the rollout of NodeAgentConfig/{target.name}"):
+            log.warning("dynconfig rollout abort not applied", name=target.name, to=lkg.hash)
+            self._refresh_condition()
+            return
+        trial = self.state.trial
+        if trial is not None and trial.file_hash:
+            self.state.trial = msgspec.structs.replace(
+                trial, hash=lkg.hash, name=lkg.name, remote=False, rollout=False
+            )
+        else:
+            self._end_trial()
+        self.state.passed = None
+        self._save()
+        log.info("dynconfig rollout aborted", name=target.name, hash=target.hash, to=lkg.hash)
+        message = f"{gate.message}: {describe_known(lkg)} applied"
+        self.on_event(ConfigEvent("Normal", "RolloutAborted", message))
+        self._refresh_condition()
+
+    def _held(self, hash_: str, rollout: bool) -> bool:
+        """Whether a config (of a rollout object: `rollout`) through its trial stays short of
+        last-known-good: its rollout is not Complete."""
+        assigned = self.state.assigned
+        if self._gated and assigned is not None and assigned.hash == hash_:
+            # The target object's word on it now (spec.rollout removed: no gate, not held).
+            return self._gate is not None and not self._gate.complete
+        # No selection since the start, or the object moved on to another config: as recorded
+        # when its trial started.
+        return rollout
+
+    def _promote_passed(self) -> None:
+        """The config held back through its trial (`state.passed`) becomes last-known-good once
+        its rollout is Complete (or its object no longer has one)."""
+        passed = self.state.passed
+        if passed is None or passed.hash != self.active.hash or self._held(passed.hash, True):
+            return
+        self.state.lkg, self.state.lkg_at, self.state.passed = passed, self.wall(), None
+        self._save()
+        log.info("dynconfig promoted: its rollout is complete", name=passed.name, hash=passed.hash)
 
     def _return_to_lkg(self, target: Assignment, lkg: Known) -> None:
         if not self._switch(lkg, f"NodeAgentConfig/{target.name}"):
             self._reject(target, BadKind.VETO, "the last-known-good config was not applied")
             return
+        self.state.passed = None
         trial = self.state.trial
         if trial is not None and trial.file_hash:
             self.state.trial = msgspec.structs.replace(
@@ -315,19 +388,24 @@ class Controller(Generic[C]):
             name=target.name,
             started_at=self.wall(),
             file_hash=running.file_hash if running is not None else "",
+            rollout=self._gate is not None,
         )
-        self.state.trial = trial
+        passed = self.state.passed
+        # A config held short of last-known-good stops running: the rollback target stays lkg.
+        self.state.trial, self.state.passed = trial, None
         # The marker in the checkpoint before the config runs (issue 29 item 3): a config that
         # crashes the agent must be found on trial at the next start, or the node crash-loops
         # on it. Not written (a read-only or full state directory): not applied, deferred.
         # The runtime directory's copy is not enough: a reboot clears it.
         if persisted.save(self.store, self.state) is not Saved.CHECKPOINT:
             self.state.lkg, self.state.lkg_at, self.state.trial = before
+            self.state.passed = passed
             self._defer(target)
             return
         result = self.hub.propose(config, f"NodeAgentConfig/{target.name}")
         if not result.applied:
             self.state.lkg, self.state.lkg_at, self.state.trial = before
+            self.state.passed = passed
             VETOES.inc()
             vetoes = "; ".join(f"{who}: {why}" for who, why in result.vetoes) or "not applied"
             self._reject(target, BadKind.VETO, vetoes)  # written: the marker is gone
@@ -391,7 +469,11 @@ class Controller(Generic[C]):
             self._promote(trial)
 
     def _promote(self, trial: Trial) -> None:
-        if trial.remote:
+        if trial.remote and self._held(trial.hash, trial.rollout):
+            # Through its trial, but its rollout is not Complete (issue 31): it runs, and the
+            # previous config stays last-known-good (an abort goes back to it).
+            self.state.passed = self.active
+        elif trial.remote:
             self.state.lkg, self.state.lkg_at = self.active, self.wall()
         if trial.file_hash:
             self._proven_file, self._file_undo = trial.file_hash, None
@@ -587,10 +669,29 @@ class Controller(Generic[C]):
         self.changed.set()
         self.changed = trio.Event()
 
+    def _waiting(self) -> Gate | None:
+        """The assigned config's rollout holds it back from this node (not admitted, not
+        running it): the gate saying why."""
+        gate, assigned = self._gate, self.state.assigned
+        if gate is None or gate.admitted or assigned is None or gate.hash != assigned.hash:
+            return None
+        if assigned.hash == self.active.hash or self.state.bad_for(assigned) is not None:
+            return None
+        return gate
+
     def _refresh_condition(self) -> None:
+        waiting = self._waiting() if self._kept is None else None
+        ROLLOUT_WAITING.clear()
+        if waiting is not None:
+            ROLLOUT_WAITING.labels(reason=waiting.reason).set(1)
         if self._kept is None and self._deferred is not None:
             deferred = deferred_condition(self._deferred, self.active, self._deferral)
             self._set_condition(deferred)
+            return
+        if waiting is not None:
+            # True: the node runs a good config; the message names the config waiting first.
+            message = f"{waiting.message}; running {describe_known(self.active)}"
+            self._set_condition(Condition(True, waiting.reason, message))
             return
         self._set_condition(resting_condition(self.state, self.active, self._kept))
 
@@ -620,6 +721,7 @@ class Controller(Generic[C]):
             remaining=remaining,
             condition=self.condition_,
             not_blamed=self.health.not_blamed if self.state.trial is not None else {},
+            waiting=self._waiting(),
         )
 
 

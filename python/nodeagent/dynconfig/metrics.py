@@ -50,6 +50,14 @@ REJECTED = Counter(
     "Remote configs refused by the agent's validation (static or unknown field, bad value).",
 )
 
+ROLLOUT_WAITING = Gauge(
+    "nodeagent_config_rollout_waiting",
+    "The assigned config is not taken because its rollout does not admit this node yet (value 1 "
+    "for the reason: WaitingForRolloutController, WaitingForWave, RolloutPaused, RolloutHalted, "
+    "RolloutAborted; no sample: nothing waits).",
+    ["reason"],
+)
+
 
 def set_info(gauge: Gauge, **labels: str) -> None:
     """Show exactly one label set (the previous hash disappears)."""

@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from nodeagent.core.errors import ConfigError
+from nodeagent.rollout.api import RolloutSpec, RolloutStatus, decode_status
 
 __all__ = [
     "GROUP",
@@ -38,6 +39,7 @@ __all__ = [
     "NodeAgentConfig",
     "NodeAgentConfigMeta",
     "NodeAgentConfigSpec",
+    "NodeAgentConfigStatus",
     "Selection",
     "decode_object",
     "select_target",
@@ -80,6 +82,15 @@ class NodeAgentConfigSpec(msgspec.Struct, kw_only=True, rename="camel"):
     # The dynamic part of the agent's configuration, TOML-shaped ({table: {field: value}}); the
     # service overlays it (nodeagent.dynconfig.overlay) and validates it as it does the file.
     config: dict[str, Any] = msgspec.field(default_factory=dict)
+    # Opting in to a rollout (issue 31, even {}): a node takes a new config only once
+    # status.rollout admits it (nodeagent.rollout.rank.admission). None: at once, as before.
+    rollout: RolloutSpec | None = None
+
+
+class NodeAgentConfigStatus(msgspec.Struct, kw_only=True):
+    # Kept raw and decoded leniently (`NodeAgentConfig.rollout_status`): a status the agent
+    # cannot read admits nobody, it does not make the object unreadable.
+    rollout: dict[str, Any] | None = None
 
 
 class NodeAgentConfig(msgspec.Struct, kw_only=True):
@@ -87,10 +98,16 @@ class NodeAgentConfig(msgspec.Struct, kw_only=True):
 
     metadata: NodeAgentConfigMeta
     spec: NodeAgentConfigSpec = msgspec.field(default_factory=NodeAgentConfigSpec)
+    status: NodeAgentConfigStatus = msgspec.field(default_factory=NodeAgentConfigStatus)
 
     @property
     def name(self) -> str:
         return self.metadata.name
+
+    @property
+    def rollout_status(self) -> RolloutStatus | None:
+        """``status.rollout`` as the rollout controller wrote it (None: none, or unreadable)."""
+        return decode_status(self.status.rollout)
 
 
 def decode_object(obj: Mapping[str, Any]) -> NodeAgentConfig:

@@ -113,6 +113,9 @@ class Trial(msgspec.Struct, frozen=True, kw_only=True):
     # it back (dynconfig.health.CAUSES). None: not known (a checkpoint of an older agent),
     # every signal counts.
     changed: list[str] | None = None
+    # The config's object has a rollout (issue 31): surviving the trial does not make it
+    # last-known-good until the rollout is Complete (it is held in `State.passed` meanwhile).
+    rollout: bool = False
 
 
 class State(msgspec.Struct, kw_only=True):
@@ -121,6 +124,9 @@ class State(msgspec.Struct, kw_only=True):
     assigned_at: float | None = None
     lkg: Known | None = None
     lkg_at: float | None = None
+    # A config of a rollout that survived its trial and runs, not yet last-known-good: its
+    # rollout is not Complete (an abort returns to `lkg`). A restart starts from it.
+    passed: Known | None = None
     bad: list[Bad] = msgspec.field(default_factory=list)
     # Written when a trial starts, cleared when it ends: found at start, the process died
     # during the trial.

@@ -7,9 +7,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodeagent.dynconfig.state import LOCAL_HASH, Assignment, Bad, BadKind, Known, State, Trial
+
+if TYPE_CHECKING:
+    from nodeagent.dynconfig.admission import Gate
 
 __all__ = [
     "CONDITION_TYPE",
@@ -144,6 +147,16 @@ def resting_condition(state: State, active: Known, kept: tuple[str, str] | None)
         return Condition(
             True, "Local", "no NodeAgentConfig targets the node; running the local config"
         )
+    passed = state.passed
+    if passed is not None and passed.hash == active.hash:
+        # Through its trial, held short of last-known-good until its rollout is Complete.
+        lkg = "the local config" if state.lkg is None else describe_known(state.lkg)
+        return Condition(
+            True,
+            "Active",
+            f"{running} active, through its trial; last-known-good stays {lkg} until its "
+            "rollout is Complete",
+        )
     return Condition(True, "Active", f"{running} active and last-known-good")
 
 
@@ -158,23 +171,28 @@ def config_view(
     remaining: float | None,
     condition: Condition,
     not_blamed: Mapping[str, str] | None = None,
+    waiting: Gate | None = None,
 ) -> dict[str, Any]:
     """The /v1/config view: assigned / active / last-known-good and why they differ (`boot`:
-    source, reason; `remaining`: seconds of the trial left)."""
+    source, reason; `remaining`: seconds of the trial left; `waiting`: the assigned config's
+    rollout does not admit this node)."""
     assigned = state.assigned
     lkg = state.lkg
     trial = state.trial
     differ: list[str] = []
     if assigned is not None and assigned.hash != active.hash:
         bad = state.bad_for(assigned)
-        differ.append(
-            f"assigned {assigned.hash} not active: "
-            + (f"{bad.kind}: {bad.reason}" if bad else "not applied yet")
-        )
+        why = "not applied yet"
+        if bad is not None:
+            why = f"{bad.kind}: {bad.reason}"
+        elif waiting is not None:
+            why = f"its rollout does not admit this node ({waiting.reason})"
+        differ.append(f"assigned {assigned.hash} not active: {why}")
     if lkg is not None and lkg.hash != active.hash:
+        held = state.passed is not None and state.passed.hash == active.hash
         differ.append(
             f"active {active.hash} not last-known-good: "
-            + ("on trial" if trial else "not promoted")
+            + ("on trial" if trial else "its rollout not Complete" if held else "not promoted")
         )
     if trial is not None and trial.file_hash:
         differ.append(f"the reloaded config file (hash {trial.file_hash}) on trial")
@@ -204,6 +222,13 @@ def config_view(
         "last_known_good": None
         if lkg is None
         else {"name": lkg.name, "hash": lkg.hash, "since": stamp(state.lkg_at)},
+        # Whether the node waits for the assigned config's rollout (issue 31): its reason and
+        # message, as the condition says them.
+        "rollout": {
+            "waiting": waiting is not None,
+            "reason": "" if waiting is None else waiting.reason,
+            "message": "" if waiting is None else waiting.message,
+        },
         "file": {
             "hash": file_hash,
             "on_trial": trial is not None and bool(trial.file_hash),

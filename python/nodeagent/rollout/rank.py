@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from nodeagent.rollout.api import ALL, NONE, Phase, RolloutStatus
 
 __all__ = [
+    "ROLLOUT_ABORTED",
     "WAITING_FOR_CONTROLLER",
     "WAITING_FOR_WAVE",
     "Admission",
@@ -24,6 +25,7 @@ __all__ = [
 
 WAITING_FOR_CONTROLLER = "WaitingForRolloutController"
 WAITING_FOR_WAVE = "WaitingForWave"
+ROLLOUT_ABORTED = "RolloutAborted"
 _REASON = {Phase.PAUSED: "RolloutPaused", Phase.HALTED: "RolloutHalted"}
 
 
@@ -56,23 +58,34 @@ class Admission:
 
 
 def admission(
-    node: str, canary: bool, uid: str, config_hash: str, status: RolloutStatus | None
+    node: str,
+    canary: bool,
+    uid: str,
+    config_hash: str,
+    status: RolloutStatus | None,
+    *,
+    name: str,
 ) -> Admission:
+    """Whether node ``node`` may take the config ``config_hash`` of the object ``name``; if not,
+    the reason and message of its NodeAgentConfigOK condition. Each message starts with
+    ``NodeAgentConfig <name> (hash <hash>)``, the subject the controller reads back from the
+    condition (the agent's other condition messages name their config the same way)."""
+    subject = f"NodeAgentConfig {name} (hash {config_hash})"
     if status is None or status.config_hash != config_hash:
         return Admission(
             False,
             WAITING_FOR_CONTROLLER,
-            f"config {config_hash} waits for the rollout controller to admit it",
+            f"{subject} waits for the rollout controller to admit it",
         )
     key = rank_key(node, uid, status.generation, canary)
     if admitted(key, status, config_hash):
         return Admission(True, "", "")
     if status.phase == Phase.ABORTED:
-        return Admission(False, "RolloutAborted", f"rollout of {config_hash} aborted")
+        return Admission(False, ROLLOUT_ABORTED, f"{subject} rollout aborted")
     reason = _REASON.get(status.phase, WAITING_FOR_WAVE)
     return Admission(
         False,
         reason,
-        f"config {config_hash} waits for its wave ({status.phase}, wave {status.wave}, "
+        f"{subject} waits for its wave ({status.phase}, wave {status.wave}, "
         f"{status.admitted} of {status.counts.targeted} admitted)",
     )

@@ -195,6 +195,12 @@ def _dynconfig_lines(dyn: dict[str, Any] | None) -> list[str]:
         lines.insert(
             2, f"  config file {file['hash']}" + (", on trial" if file.get("on_trial") else "")
         )
+    rollout = dyn.get("rollout") or {}
+    if rollout.get("waiting"):
+        # The assigned config's rollout (issue 31) does not admit this node yet.
+        lines.append(
+            f"  waiting for the rollout: {rollout.get('reason')}: {rollout.get('message')}"
+        )
     lines += [f"  {why}" for why in dyn.get("differ") or []]
     return lines
 

@@ -250,17 +250,19 @@ def test_policy_defaults_and_shares() -> None:
 
 
 def test_an_agent_waits_for_the_controller_then_for_its_wave() -> None:
-    assert admission("n1", False, UID, "abc123", None).reason == WAITING_FOR_CONTROLLER
+    assert admission("n1", False, UID, "abc123", None, name="web").reason == WAITING_FOR_CONTROLLER
     other = RolloutStatus(config_hash="zzz", admitted_through=ALL)
-    assert admission("n1", False, UID, "abc123", other).reason == WAITING_FOR_CONTROLLER
+    assert admission("n1", False, UID, "abc123", other, name="web").reason == WAITING_FOR_CONTROLLER
     spec = RolloutSpec(canary=Canary(count=1))
     nodes = [Node(f"n{i}", False) for i in range(5)]
     status = plan(spec, REV, nodes, None, T0).status
-    answers = {n.name: admission(n.name, False, UID, "abc123", status) for n in nodes}
+    answers = {n.name: admission(n.name, False, UID, "abc123", status, name="web") for n in nodes}
     assert sum(a.admitted for a in answers.values()) == 1
     waiting = [a for a in answers.values() if not a.admitted]
     assert {a.reason for a in waiting} == {WAITING_FOR_WAVE}
     assert "1 of 5 admitted" in waiting[0].message
+    # The subject first, as in every NodeAgentConfigOK message (the controller parses it).
+    assert waiting[0].message.startswith("NodeAgentConfig web (hash abc123) ")
 
 
 @st.composite

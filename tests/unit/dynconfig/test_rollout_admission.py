@@ -1,0 +1,269 @@
+"""The agent's side of a rollout (issue 31, docs/architecture/rollout.md "What an agent does"):
+the dynconfig component (real accumulators over fake watches, the real controller, a checkpoint
+on disk) with NodeAgentConfig objects carrying ``spec.rollout`` and a hand-written
+``status.rollout``, as the rollout controller would write it. A node takes the config only once
+admitted (a status-only change admits it, without a restart); a config through its trial
+becomes last-known-good only once the rollout is Complete (also across a restart); an abort
+returns to the previous config without marking it bad; an object without ``spec.rollout``
+behaves as before."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+import trio.testing
+from prometheus_client import REGISTRY
+
+from nodeagent.dynconfig.state import LOCAL_HASH
+from nodeagent.rollout.rank import rank_key
+from nodeagent.service.cli_view import render
+from tests.support.fake_dynconfig import hasher
+from tests.support.nodeagentconfig import NAC
+from tests.support.wait import wait_until
+from tests.unit.accumulator.helpers import event
+from tests.unit.accumulator.test_accumulator import synced
+from tests.unit.dynconfig.test_component import NODE, Rig, running
+
+OLD = {"interval": 6}
+NEW = {"interval": 7}
+TRIAL = 600.0  # DynconfigSettings' default trial
+UID = "uid-fleet"
+_rv = iter(range(10, 10_000))
+
+
+def nac(
+    config: dict[str, Any],
+    *,
+    rollout: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+    generation: int = 1,
+) -> dict[str, Any]:
+    spec: dict[str, Any] = {"nodeNames": [NODE], "config": config}
+    if rollout is not None:
+        spec["rollout"] = rollout
+    meta = {"name": "fleet", "uid": UID, "resourceVersion": str(next(_rv))}
+    body: dict[str, Any] = {"metadata": {**meta, "generation": generation}, "spec": spec}
+    if status is not None:
+        body["status"] = {"rollout": status}
+    return body
+
+
+def rollout_status(
+    config: dict[str, Any], through: str, phase: str = "Progressing", generation: int = 1
+) -> dict[str, Any]:
+    return {
+        "configHash": hasher(config),
+        "generation": generation,
+        "observedGeneration": generation,
+        "phase": phase,
+        "admittedThrough": through,
+        "admitted": 1,
+        "wave": 0,
+        "counts": {"targeted": 4},
+    }
+
+
+# A threshold admitting the canary's selector only (keys "0-..."): this node, unlabelled, sorts
+# after it.
+CANARY_ONLY = "0-" + "f" * 64
+
+
+async def show(rig: Rig, body: dict[str, Any]) -> None:
+    """The object changed (a watch event: a status-only change included)."""
+    sink = await rig.client.sink(NAC.plural)
+    await sink.feed(event("MODIFIED", body))
+
+
+@asynccontextmanager
+async def started(
+    tmp_path: Path, first: dict[str, Any], labels: dict[str, str] | None = None
+) -> AsyncIterator[Rig]:
+    async with running(tmp_path) as rig:
+        meta = {"name": NODE, "uid": "n", "resourceVersion": "1", "labels": labels or {}}
+        node = {"metadata": meta}
+        await synced(await rig.client.sink("nodes"), node)
+        await synced(await rig.client.sink(NAC.plural), first)
+        yield rig
+
+
+def reason(rig: Rig) -> str:
+    return rig.controller.condition().reason
+
+
+def waiting_gauge(reason_: str) -> float | None:
+    return REGISTRY.get_sample_value("nodeagent_config_rollout_waiting", {"reason": reason_})
+
+
+async def test_without_spec_rollout_a_config_is_taken_at_once(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with started(tmp_path, nac(NEW)) as rig:
+        await wait_until(lambda: reason(rig) == "OnTrial", "applied at once")
+        assert rig.hub.current["interval"] == 7
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: reason(rig) == "Active", "through the trial")
+        lkg = rig.controller.state.lkg
+        assert lkg is not None and lkg.hash == hasher(NEW)  # last-known-good at once
+
+
+async def test_not_admitted_keeps_what_runs_then_a_status_change_admits_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with started(tmp_path, nac(NEW, rollout={})) as rig:
+        # No status: no controller has seen it, nobody takes it.
+        await wait_until(lambda: reason(rig) == "WaitingForRolloutController", "waiting")
+        condition = rig.controller.condition()
+        assert condition.status is True
+        assert condition.message.startswith(f"NodeAgentConfig fleet (hash {hasher(NEW)}) ")
+        assert "running the local config" in condition.message
+        assert rig.controller.active.hash == LOCAL_HASH and rig.hub.current["interval"] == 5
+        assert waiting_gauge("WaitingForRolloutController") == 1
+        view = rig.component.view()
+        assert view["rollout"]["waiting"] and view["rollout"]["reason"] == condition.reason
+        shown = render({"dynconfig": view}, [])
+        why = view["rollout"]["message"]
+        assert f"waiting for the rollout: WaitingForRolloutController: {why}" in shown
+
+        await wait_until(
+            lambda: rig.component.condition.written == condition, "the condition written"
+        )
+
+        # The controller starts the rollout: the canary only (this node is not in it).
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, CANARY_ONLY)))
+        await wait_until(lambda: reason(rig) == "WaitingForWave", "its wave not yet")
+        assert rig.controller.condition().message.startswith(
+            f"NodeAgentConfig fleet (hash {hasher(NEW)}) waits for its wave"
+        )
+        assert rig.hub.current["interval"] == 5
+        assert waiting_gauge("WaitingForRolloutController") is None
+        assert waiting_gauge("WaitingForWave") == 1
+
+        # Paused, then halted before this node: still waiting, the reason says why.
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, CANARY_ONLY, "Paused")))
+        await wait_until(lambda: reason(rig) == "RolloutPaused", "paused")
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, CANARY_ONLY, "Halted")))
+        await wait_until(lambda: reason(rig) == "RolloutHalted", "halted")
+        assert rig.controller.active.hash == LOCAL_HASH and rig.hub.current["interval"] == 5
+
+        # The threshold moves past this node: a status-only change, taken without a restart.
+        key = rank_key(NODE, UID, 1, False)
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, key)))
+        await wait_until(lambda: reason(rig) == "OnTrial", "admitted: on trial")
+        assert rig.hub.current["interval"] == 7
+        assert waiting_gauge("WaitingForWave") is None
+        assert not rig.component.view()["rollout"]["waiting"]
+
+
+async def test_through_its_trial_it_is_last_known_good_only_once_complete(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with started(tmp_path, nac(OLD)) as rig:
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: reason(rig) == "Active", "the old config last-known-good")
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, "all"), generation=2))
+        await wait_until(lambda: reason(rig) == "OnTrial", "admitted")
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: rig.controller.state.trial is None, "through the trial")
+        condition = rig.controller.condition()
+        assert condition.reason == "Active" and rig.hub.current["interval"] == 7
+        assert "active and last-known-good" not in condition.message
+        assert condition.message.startswith(f"NodeAgentConfig fleet (hash {hasher(NEW)}) active")
+        lkg = rig.controller.state.lkg
+        assert lkg is not None and lkg.hash == hasher(OLD)  # the previous one stays
+
+        # Complete (after the trial ended): promoted then.
+        await show(
+            rig,
+            nac(NEW, rollout={}, status=rollout_status(NEW, "all", "Complete"), generation=2),
+        )
+        await wait_until(
+            lambda: (g := rig.controller.state.lkg) is not None and g.hash == hasher(NEW),
+            "promoted once Complete",
+        )
+        assert rig.controller.condition().message.endswith("active and last-known-good")
+        assert rig.controller.state.passed is None
+
+
+async def test_complete_during_the_trial_promotes_at_its_end(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with started(tmp_path, nac(NEW, rollout={})) as rig:
+        await wait_until(lambda: reason(rig) == "WaitingForRolloutController", "waiting")
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, "all")))
+        await wait_until(lambda: reason(rig) == "OnTrial", "admitted")
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, "all", "Complete")))
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: reason(rig) == "Active", "through the trial")
+        lkg = rig.controller.state.lkg
+        assert lkg is not None and lkg.hash == hasher(NEW)
+
+
+async def test_a_config_held_short_of_last_known_good_survives_a_restart(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    status = rollout_status(NEW, "all")
+    async with started(tmp_path, nac(OLD)) as rig:
+        await trio.sleep(TRIAL + 10)
+        await show(rig, nac(NEW, rollout={}, status=status, generation=2))
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: rig.controller.state.passed is not None, "through the trial")
+    # A restart (the checkpoint kept): the same config runs, not on trial again, and the
+    # previous one is still last-known-good.
+    async with started(tmp_path, nac(NEW, rollout={}, status=status, generation=2)) as rig:
+        assert rig.controller.active.hash == hasher(NEW) and rig.hub.current["interval"] == 7
+        await wait_until(lambda: reason(rig) == "Active", "selected: active")
+        assert rig.controller.state.trial is None
+        assert all(config["interval"] != 6 for config, _ in rig.hub.proposals)
+        lkg = rig.controller.state.lkg
+        assert lkg is not None and lkg.hash == hasher(OLD)
+        complete = rollout_status(NEW, "all", "Complete")
+        await show(rig, nac(NEW, rollout={}, status=complete, generation=2))
+        await wait_until(
+            lambda: (g := rig.controller.state.lkg) is not None and g.hash == hasher(NEW),
+            "promoted once Complete",
+        )
+
+
+async def test_abort_returns_to_the_previous_config_without_marking_it_bad(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with started(tmp_path, nac(OLD)) as rig:
+        await trio.sleep(TRIAL + 10)
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, "all"), generation=2))
+        await wait_until(lambda: reason(rig) == "OnTrial", "admitted")
+
+        aborted = rollout_status(NEW, "none", "Aborted")
+        await show(rig, nac(NEW, rollout={"abort": True}, status=aborted, generation=3))
+        await wait_until(lambda: reason(rig) == "RolloutAborted", "aborted")
+        condition = rig.controller.condition()
+        assert condition.status is True
+        assert condition.message.startswith(f"NodeAgentConfig fleet (hash {hasher(NEW)}) ")
+        assert f"running NodeAgentConfig fleet (hash {hasher(OLD)})" in condition.message
+        assert rig.controller.active.hash == hasher(OLD) and rig.hub.current["interval"] == 6
+        assert rig.controller.state.bad == [] and rig.controller.state.trial is None
+        assert waiting_gauge("RolloutAborted") == 1
+
+        # The abort lifted: a new rollout admits it again, it is taken again.
+        lifted = rollout_status(NEW, "all")
+        await show(rig, nac(NEW, rollout={"abort": False}, status=lifted, generation=4))
+        await wait_until(lambda: reason(rig) == "OnTrial", "taken again")
+        assert rig.hub.current["interval"] == 7
+
+
+async def test_a_node_matching_the_canary_selector_is_in_the_canary(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    rollout = {"canary": {"selector": {"matchLabels": {"canary": "yes"}}}}
+    body = nac(NEW, rollout=rollout, status=rollout_status(NEW, CANARY_ONLY))
+    async with started(tmp_path, body, labels={"canary": "no"}) as rig:
+        await wait_until(lambda: reason(rig) == "WaitingForWave", "not in the canary")
+        assert rig.hub.current["interval"] == 5
+        # Labelled into the canary (its own labels, the selector's semantics): admitted.
+        meta = {"name": NODE, "uid": "n", "resourceVersion": "2", "labels": {"canary": "yes"}}
+        await (await rig.client.sink("nodes")).feed(event("MODIFIED", {"metadata": meta}))
+        await wait_until(lambda: reason(rig) == "OnTrial", "the canary is admitted")
+        assert rig.hub.current["interval"] == 7
