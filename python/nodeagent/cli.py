@@ -1,4 +1,4 @@
-"""The `nodeagent` command line: run, check-config, status."""
+"""The `nodeagent` command line: run, check-config, status, rollout-controller."""
 
 from __future__ import annotations
 
@@ -94,7 +94,54 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--config", metavar="FILE", help="read ops.address from this config file")
     status.add_argument("--json", action="store_true", help="print the raw JSON views")
     status.add_argument("--timeout", type=float, default=5.0, help="HTTP timeout in seconds")
+    _rollout_controller_flags(
+        sub.add_parser(
+            "rollout-controller",
+            help="run the rollout controller (NodeAgentConfigs with spec.rollout, in waves)",
+        )
+    )
     return parser
+
+
+def _rollout_controller_flags(cmd: argparse.ArgumentParser) -> None:
+    """`nodeagent rollout-controller`'s flags (docs/operating/cli.md); the chart's Deployment
+    passes them, so they stay stable."""
+    cmd.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster)")
+    cmd.add_argument("--context", metavar="NAME", help="kubeconfig context (default: current)")
+    cmd.add_argument(
+        "--in-cluster",
+        choices=["auto", "never", "always"],
+        default="auto",
+        help="use the pod's service account when no kubeconfig is given (as kube.in_cluster)",
+    )
+    cmd.add_argument(
+        "--namespace",
+        metavar="NS",
+        help="the Lease's namespace (default: $POD_NAMESPACE, else the pod's, else default)",
+    )
+    cmd.add_argument(
+        "--lease-name", metavar="NAME", default="nodeagent-rollout-controller", help="the Lease"
+    )
+    cmd.add_argument(
+        "--identity", metavar="NAME", help="this candidate's name in the Lease (default: hostname)"
+    )
+    for flag, default, text in (
+        ("--lease-duration", 15.0, "seconds a follower waits on a lease not renewed"),
+        ("--renew-deadline", 10.0, "seconds a leader that cannot renew keeps writing"),
+        ("--retry-period", 2.0, "seconds between tries and renewals"),
+        ("--write-interval", 1.0, "least seconds between two status writes of one object"),
+    ):
+        cmd.add_argument(flag, type=float, default=default, metavar="SECONDS", help=text)
+    cmd.add_argument(
+        "--metrics-address",
+        metavar="HOST:PORT",
+        default="0.0.0.0:9465",
+        help="serve /metrics and /healthz here ('' for none)",
+    )
+    cmd.add_argument("--qps", type=float, default=20.0, help="API requests per second (bucket)")
+    cmd.add_argument("--burst", type=int, default=40, help="API request burst")
+    cmd.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    cmd.add_argument("--log-format", default="text", choices=["text", "json"])
 
 
 def overrides_from_args(args: argparse.Namespace) -> list[Override]:
@@ -289,6 +336,49 @@ def render_writes(view: Any) -> str:
     return head + "\n" + table(["TIME", "VERB", "KIND", "OBJECT", "CHANGES"], rows) + "\n"
 
 
+def cmd_rollout_controller(args: argparse.Namespace) -> int:
+    import prometheus_client
+    import trio
+
+    from nodeagent.log import configure_logging, get_logger
+    from nodeagent.rollout_controller.controller import main as controller_main
+    from nodeagent.rollout_controller.settings import ControllerSettings, default_namespace
+
+    configure_logging(args.log_level, args.log_format)
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    log = get_logger("nodeagent.rollout_controller")
+    settings = ControllerSettings(
+        kubeconfig=args.kubeconfig,
+        context=args.context,
+        in_cluster=args.in_cluster,
+        namespace=args.namespace or default_namespace(),
+        lease_name=args.lease_name,
+        identity=args.identity or "",
+        lease_duration=args.lease_duration,
+        renew_deadline=args.renew_deadline,
+        retry_period=args.retry_period,
+        write_interval=args.write_interval,
+        metrics_address=args.metrics_address,
+        qps=args.qps,
+        burst=args.burst,
+    )
+    client = settings.client()
+    if client is None:
+        _error("rollout-controller needs a cluster: --kubeconfig, or run in a pod")
+        return EXIT_CONFIG
+    log.info(
+        "rollout controller starting",
+        version=__version__,
+        identity=settings.identity,
+        lease=f"{settings.namespace}/{settings.lease_name}",
+    )
+    try:
+        trio.run(controller_main, settings, client)
+    except KeyboardInterrupt:  # a Ctrl-C before the signal receiver was installed
+        return 130
+    return EXIT_OK  # SIGTERM or SIGINT: stopped, the Lease released
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -296,7 +386,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_CONFIG
     try:
-        commands = {"run": cmd_run, "check-config": cmd_check_config, "status": cmd_status}
+        commands = {
+            "run": cmd_run,
+            "check-config": cmd_check_config,
+            "status": cmd_status,
+            "rollout-controller": cmd_rollout_controller,
+        }
         return commands[args.command](args)
     except ConfigError as exc:  # e.g. a malformed --set
         return _config_failure(exc)

@@ -27,7 +27,9 @@ ROOT = Path(nodeagent.__file__).resolve().parent
 LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},
-    {"service"},  # the composition root: the one package that imports the components
+    # service: the composition root, the one package that imports the components;
+    # rollout_controller: the rollout controller's process (`nodeagent rollout-controller`).
+    {"service", "rollout_controller"},
     {"resources", "reporter", "dynconfig"},
     {"accumulator", "sdk", "rollout"},
     {"plugins", "kube", "checkpoint"},
@@ -39,7 +41,7 @@ LAYERS: list[set[str]] = [
 # (`__version__`).
 ALLOWED: dict[str, set[str]] = {
     "__main__": {"cli"},
-    "cli": {"nodeagent", "service", "config", "core", "log"},
+    "cli": {"nodeagent", "service", "rollout_controller", "config", "core", "log"},
     "service": {
         "nodeagent",
         "resources",
@@ -54,6 +56,9 @@ ALLOWED: dict[str, set[str]] = {
         "core",
         "log",
     },
+    # The controller plans with `rollout` and targets nodes with the agent's own selection
+    # (`dynconfig.source`); it watches through the accumulator (issue 31).
+    "rollout_controller": {"rollout", "dynconfig", "accumulator", "kube", "core", "log"},
     "resources": {"accumulator", "kube", "core", "log", "protos", "_native"},
     "reporter": {"accumulator", "checkpoint", "core", "kube", "log", "protos", "_native"},
     # `rollout`: an agent decides its admission with the controller's own code (issue 31).
@@ -103,6 +108,7 @@ EXPORTS: dict[str, set[str]] = {
     "core": set(),
     "dynconfig": set(),
     "rollout": set(),
+    "rollout_controller": set(),
     "kube": {
         "CONFIGMAPS",
         "CORE_EVENTS",
