@@ -6,8 +6,10 @@ relisting query arrive when its relist ends), trials judged unhealthy or survivi
 restarts (SIGTERM), crash restarts (kill -9), the checkpoint grace running out while the
 agent is down and the checkpoint directory turning read-only and writable again (its writes
 fail, as on a read-only or full disk: the state goes to the runtime directory, a new trial is
-deferred), and compares it after every step with a small reference model of what the
-docs promise (docs/architecture/dynamic-config.md).
+deferred), objects opting in to a rollout (``spec.rollout``) whose ``status.rollout`` the test
+writes as the rollout controller would (none, this node's wave not yet, admitted, Complete,
+Aborted: issue 31), and compares it after every step with a small reference model of what the
+docs promise (docs/architecture/dynamic-config.md, docs/architecture/rollout.md).
 
 The component runs in a Trio loop of its own thread, on a mock clock that only moves when a rule
 moves it (`settle` lets every task run to a wait, moving the clock in small steps so that
@@ -17,7 +19,9 @@ Invariants: the running config is the one the model chooses; last-known-good is 
 that ran to the end of a trial (or the local one); the trial is the model's, and never has its
 own config as last-known-good; the condition's reason is the model's once no relist is under way,
 and the one written to the Node is the controller's; bad configs are the model's; what a restart
-would read (the runtime copy, else the checkpoint) is the controller's state.
+would read (the runtime copy, else the checkpoint) is the controller's state; the agent never
+takes the config of a rollout object its status does not admit, and never makes last-known-good
+a config whose rollout is not Complete.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ from nodeagent.dynconfig.settings import DynconfigSettings
 from nodeagent.dynconfig.state import LOCAL_HASH, State, load, load_runtime
 from nodeagent.kube import EventRecorder
 from nodeagent.kube.watch import WatchSink
+from nodeagent.rollout.rank import WAITING_FOR_CONTROLLER, WAITING_FOR_WAVE
 from tests.support.fake_dynconfig import FakeHub, Report, Wall, build, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.unit.accumulator.helpers import page
@@ -77,6 +82,11 @@ SETTINGS = DynconfigSettings(
     crashloop_restarts=CRASHLOOP,
 )
 _uids = itertools.count(1)
+# What the rollout controller last wrote in an object's status.rollout, for the config it had:
+# this node beyond the threshold (the canary's keys only), everyone, Complete, Aborted.
+ROLLOUT_STATES = ("wave", "admit", "complete", "abort")
+_THROUGH = {"wave": "0-" + "f" * 64, "admit": "all", "complete": "all", "abort": "none"}
+_PHASE = {"wave": "Progressing", "admit": "Progressing", "complete": "Complete", "abort": "Aborted"}
 
 
 @dataclass
@@ -88,6 +98,9 @@ class Obj:
     generation: int = 1
     rv: int = 1
     broken: bool = False  # fails to decode (a looser CRD let a bad field through)
+    rollout: bool = False  # spec.rollout: {} (opted in to a rollout)
+    # status.rollout: (the config hash it is about, one of ROLLOUT_STATES); None: none written.
+    status: tuple[str, str] | None = None
 
     def raw(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"config": self.config}
@@ -97,13 +110,42 @@ class Obj:
             spec["nodeSelector"] = {"matchLabels": {"pool": self.shape[5:]}}
         if self.broken:
             spec["priority"] = "high"
+        if self.rollout:
+            spec["rollout"] = {}
         meta = {
             "name": self.name,
             "uid": self.uid,
             "resourceVersion": str(self.rv),
             "generation": self.generation,
         }
-        return {"metadata": meta, "spec": spec}
+        body: dict[str, Any] = {"metadata": meta, "spec": spec}
+        if self.status is not None:
+            hash_, state = self.status
+            body["status"] = {
+                "rollout": {
+                    "configHash": hash_,
+                    "generation": 1,
+                    "phase": _PHASE[state],
+                    "admittedThrough": _THROUGH[state],
+                }
+            }
+        return body
+
+    def said(self, state: str) -> bool:
+        """Whether its status says `state` about its own config."""
+        return self.status == (self.hash, state)
+
+    @property
+    def admitted(self) -> bool:
+        """Whether this node may take its config (no rollout: at once)."""
+        return not self.rollout or self.said("admit") or self.said("complete")
+
+    @property
+    def waiting(self) -> str:
+        """The condition's reason while its rollout does not admit this node."""
+        if self.said("abort"):
+            return "RolloutAborted"
+        return WAITING_FOR_WAVE if self.said("wave") else WAITING_FOR_CONTROLLER
 
     @property
     def hash(self) -> str:
@@ -132,6 +174,10 @@ class Model:
     expired: bool = False  # the grace ran out since the apiserver last confirmed
     read_only: bool = False  # the checkpoint directory's writes fail
     deferred: Obj | None = None  # a config whose trial could not be recorded
+    # A rollout's config through its trial, held short of last-known-good until Complete.
+    passed: str | None = None
+    trial_rollout: bool = False  # the config on trial is a rollout object's
+    gated: bool = False  # a selection assigned since the start (the controller's `_gated`)
 
 
 class Loop:
@@ -246,6 +292,9 @@ class DynconfigModel(RuleBasedStateMachine):
         self.relisting: set[str] = set()  # plurals with a relist under way
         self.owed = True  # a change not selected yet (the first list is one)
         self.model = Model()
+        # The controller's active and last-known-good hashes at the last check.
+        self.seen_active: str = LOCAL_HASH
+        self.seen_lkg: str | None = None
         self.agent = self._start()
 
     def teardown(self) -> None:
@@ -341,21 +390,35 @@ class DynconfigModel(RuleBasedStateMachine):
             m.kept = m.condition = "TargetUnreadable"
             return
         m.kept = None
+        m.gated = True
         m.expired = False  # the apiserver confirmed (or replaced) the assignment
         if obj is None:
             m.assigned, m.active, m.lkg, m.trial = None, LOCAL_HASH, None, None
+            m.passed = None
             m.condition = "Local"
             return
         m.assigned = Obj(**{**obj.__dict__, "config": dict(obj.config)})
         m.configs[obj.hash] = dict(obj.config)
         if obj.hash == m.active:
+            lkg = m.lkg if m.lkg is not None else LOCAL_HASH
+            if obj.rollout and obj.said("abort") and lkg != obj.hash:
+                # Aborted: back to last-known-good, not marked bad.
+                m.active, m.trial, m.passed = lkg, None, None
+                m.condition = "RolloutAborted"
+                return
+            if m.passed == m.active and not self._held(m.passed, True):
+                m.lkg, m.passed = m.passed, None
             m.condition = "OnTrial" if m.trial is not None else "Active"
             return
         if m.bad.get(obj.hash) == obj.key:
             m.condition = m.bad_reason[obj.hash]
             return
+        if not obj.admitted:
+            m.condition = obj.waiting  # what runs keeps running
+            return
         if m.lkg == obj.hash:
             m.active, m.trial, m.condition = obj.hash, None, "Active"
+            m.passed = None
             return
         if "bogus" in obj.config:
             self._mark_bad(obj.hash, obj.key, "ConfigInvalid")
@@ -373,7 +436,27 @@ class DynconfigModel(RuleBasedStateMachine):
         if m.lkg is None:
             m.lkg = m.active
         m.active, m.trial, m.trial_restarts = obj.hash, obj.hash, 0
+        m.trial_rollout, m.passed = obj.rollout, None
         m.condition = "OnTrial"
+
+    def _held(self, hash_: str, rollout: bool) -> bool:
+        """A config through its trial stays short of last-known-good: the assigned object's
+        rollout is not Complete (as the object was when last assigned; before any assignment
+        since the start, or about another config: as recorded with its trial)."""
+        a = self.model.assigned
+        if self.model.gated and a is not None and a.hash == hash_:
+            return a.rollout and not a.said("complete")
+        return rollout
+
+    def _end_trial(self) -> None:
+        m = self.model
+        assert m.trial is not None
+        m.promoted.add(m.active)  # it ran to the end of a trial
+        if self._held(m.trial, m.trial_rollout):
+            m.passed = m.active
+        else:
+            m.lkg = m.active
+        m.trial = None
 
     def _resting(self) -> str:
         """The condition once nothing is being decided: what the watch could not choose, the
@@ -387,6 +470,8 @@ class DynconfigModel(RuleBasedStateMachine):
         a = m.assigned
         if a is not None and a.hash != m.active and m.bad.get(a.hash) == a.key:
             return m.bad_reason[a.hash]
+        if a is not None and a.hash != m.active and not a.admitted:
+            return a.waiting
         if m.trial is not None:
             return "OnTrial"
         return "Active" if a is not None else "Local"
@@ -409,7 +494,12 @@ class DynconfigModel(RuleBasedStateMachine):
             self._mark_bad(m.trial, m.assigned.key, "RolledBack")
             m.trial = None
             m.condition = "RolledBack"
-        if m.lkg is not None and m.lkg != LOCAL_HASH:
+        m.gated = False
+        if m.expired:
+            m.passed = None
+        if m.passed is not None:
+            m.active = m.passed  # what ran, through its trial: not on trial again
+        elif m.lkg is not None and m.lkg != LOCAL_HASH:
             if m.expired:
                 m.lkg, m.active = None, LOCAL_HASH
             else:
@@ -427,14 +517,28 @@ class DynconfigModel(RuleBasedStateMachine):
             self._deliver("nodes")
 
     @rule(
-        name=st.sampled_from(NAMES), shape=st.sampled_from(SHAPES), config=st.sampled_from(CONFIGS)
+        name=st.sampled_from(NAMES),
+        shape=st.sampled_from(SHAPES),
+        config=st.sampled_from(CONFIGS),
+        rollout=st.booleans(),
     )
-    def create(self, name: str, shape: str, config: dict[str, Any]) -> None:
+    def create(self, name: str, shape: str, config: dict[str, Any], rollout: bool) -> None:
         if name not in self.objects:
             # A new object has a resourceVersion of its own: the apiserver never gives a
             # re-created object (same name, new UID) the version of the one it replaces.
             uid = f"uid-{name}-{next(_uids)}"
-            self.objects[name] = Obj(name, uid, shape, dict(config), rv=next(_uids))
+            obj = Obj(name, uid, shape, dict(config), rv=next(_uids), rollout=rollout)
+            self.objects[name] = obj
+            self._deliver(NAC.plural)
+
+    @rule(name=st.sampled_from(NAMES), state=st.sampled_from(ROLLOUT_STATES))
+    def rollout_status(self, name: str, state: str) -> None:
+        """The rollout controller writes status.rollout for the object's config (a status-only
+        change: the generation stays): this node's wave not yet, admitted, Complete, Aborted."""
+        obj = self.objects.get(name)
+        if obj is not None and obj.rollout and not obj.said(state):
+            obj.status = (obj.hash, state)
+            obj.rv = next(_uids)
             self._deliver(NAC.plural)
 
     @rule(name=st.sampled_from(NAMES), config=st.sampled_from(CONFIGS))
@@ -522,8 +626,7 @@ class DynconfigModel(RuleBasedStateMachine):
         if not self.relisting and m.kept is None:
             m.expired = False
         if m.trial is not None:
-            m.lkg, m.trial = m.active, None
-            m.promoted.add(m.active)
+            self._end_trial()
             m.condition = self._resting()
 
     # -- rules: the process ------------------------------------------------------------------
@@ -596,6 +699,21 @@ class DynconfigModel(RuleBasedStateMachine):
         assert trial == m.trial, (c.state.trial, m)
         if trial is not None:
             assert c.state.lkg is not None and c.state.lkg.hash != trial
+
+    @invariant()
+    def never_an_unadmitted_config_of_a_rollout_nor_an_incomplete_last_known_good(self) -> None:
+        """Checked on the real controller against the object as it was assigned: a switch to
+        the assigned config of a rollout object only when its status admits the node, and a
+        new last-known-good of a rollout object only once its status says Complete."""
+        c, a = self.agent.controller, self.model.assigned
+        active = c.active.hash
+        lkg = None if c.state.lkg is None else c.state.lkg.hash
+        if a is not None and a.rollout:
+            if active != self.seen_active and active == a.hash:
+                assert a.admitted, (a, c.condition())
+            if lkg != self.seen_lkg and lkg == a.hash:
+                assert a.said("complete"), (a, c.state)
+        self.seen_active, self.seen_lkg = active, lkg
 
     @invariant()
     def bad_configs_are_the_models(self) -> None:
