@@ -576,6 +576,10 @@ def test_the_rollout_controller_is_installed_by_default_with_least_privilege() -
         "--lease-name=nodeagent-rollout-controller",  # the one Lease its Role may renew
         "--metrics-address=0.0.0.0:9466",
     ]
+    # Every flag is one `nodeagent rollout-controller` takes.
+    from nodeagent.cli import build_parser
+
+    build_parser().parse_args([a.replace("$(POD_NAME)", "pod-1") for a in container["args"]])
     assert container["ports"] == [{"name": "metrics", "containerPort": 9466}]
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
@@ -649,6 +653,9 @@ def test_full_values_reach_the_rollout_controller() -> None:
     assert container["ports"] == [{"name": "metrics", "containerPort": values["metricsPort"]}]
     assert f"--namespace={namespace}" in container["args"]
     assert container["args"][-len(values["extraArgs"]) :] == values["extraArgs"]
+    from nodeagent.cli import build_parser
+
+    build_parser().parse_args([a.replace("$(POD_NAME)", "pod-1") for a in container["args"]])
     assert container["env"][-len(values["extraEnv"]) :] == values["extraEnv"]
     assert pod["metadata"]["labels"]["example.com/tier"] == "control"
     annotations = pod["metadata"]["annotations"]

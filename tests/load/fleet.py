@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -82,23 +82,26 @@ def _client(srv: ApiServer, identity: str) -> KubeClient:
     return KubeClient(load_kubeconfig(str(srv.kubeconfig(identity))), qps=500.0, burst=1000)
 
 
-async def _prepare(srv: ApiServer, nodes: list[str]) -> None:
+async def _prepare(
+    srv: ApiServer, nodes: list[str], labels: Mapping[str, Mapping[str, str]]
+) -> None:
     async with _client(srv, "admin") as admin:
         await install_cnr_crd(admin)
         await install_nodeagentconfig_crd(admin)
         for manifest in ACCESS:
             await apply_manifest(admin, manifest)
         for name in nodes:
+            meta = {"name": name, "labels": dict(labels.get(name, {}))}
             with contextlib.suppress(errors.AlreadyExists):
-                await admin.create(
-                    NODES, {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-                )
+                await admin.create(NODES, {"apiVersion": "v1", "kind": "Node", "metadata": meta})
 
 
-def prepare_cluster(srv: ApiServer, nodes: list[str]) -> None:
+def prepare_cluster(
+    srv: ApiServer, nodes: list[str], labels: Mapping[str, Mapping[str, str]] | None = None
+) -> None:
     """What an operator installs (the CRDs and node access manifests from deploy/), and one Node
-    per agent, as the kubelet would have registered it."""
-    trio.run(_prepare, srv, nodes)
+    per agent (with ``labels[node]``), as the kubelet would have registered it."""
+    trio.run(_prepare, srv, nodes, labels or {})
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,6 +156,12 @@ class Fleet:
     nodes: list[str]
     settings: list[str] = field(default_factory=list)  # extra `--set SECTION.KEY=VALUE`
     devices: int = 4
+    # A DRA plugin process beside each agent (the load measurement); off: the agents alone.
+    plugins: bool = True
+    # node -> "table.field=VALUE": that node's agent runs under the test-only launcher
+    # tests.support.unready_agent, not ready while its config's field has that value (a config
+    # that fails its trial on those nodes only).
+    unready_when: dict[str, str] = field(default_factory=dict)
     agents: list[Agent] = field(default_factory=list)
     base: pathlib.Path = field(init=False)
 
@@ -169,11 +178,16 @@ class Fleet:
         a.registry.mkdir(parents=True)
         log = open(a.root / "agent.log", "wb")  # noqa: SIM115 - owned by the child
         sets = [arg for s in self.settings for arg in ("--set", s)]
+        env = _env()
+        module = "nodeagent"
+        if a.node in self.unready_when:
+            module = "tests.support.unready_agent"
+            env["NODEAGENT_TEST_UNREADY_WHEN"] = self.unready_when[a.node]
         a.agent = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "nodeagent",
+                module,
                 "run",
                 "--kubeconfig",
                 str(self.srv.kubeconfig(a.node)),
@@ -189,11 +203,15 @@ class Fleet:
                 "warning",
                 *sets,
             ],
-            env=_env(),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,  # the launcher is a module of the repository's tests
         )
+        log.close()
+        if not self.plugins:
+            return
         plog = open(a.root / "plugin.log", "wb")  # noqa: SIM115 - owned by the child
         a.plugin = subprocess.Popen(
             [
@@ -209,7 +227,6 @@ class Fleet:
             stdout=plog,
             stderr=subprocess.STDOUT,
         )
-        log.close()
         plog.close()
 
     def start(self, batch: int = 10, timeout: float = 120.0) -> float:
