@@ -57,12 +57,13 @@ class Fleet:
     canary: set[str] = field(default_factory=set)
     bad: set[str] = field(default_factory=set)  # nodes whose trial fails (RolledBack)
     hold: bool = False  # keep nodes on trial (a rollout stopped mid-wave)
+    hold_at: int | None = None  # ... once the rollout is at this wave
     state: dict[str, str] = field(default_factory=dict)
     tries: dict[str, int] = field(default_factory=dict)
     statuses: list[RolloutStatus] = field(default_factory=list)
     peak: int = 0  # most admitted nodes on trial or failed at once
     order: list[str] = field(default_factory=list)  # nodes in the order they took the config
-    wake: trio.Event = field(default_factory=trio.Event)
+    obj_seen: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.state = dict.fromkeys(self.nodes, "waiting")
@@ -95,14 +96,25 @@ class Fleet:
                 if raw is not None:
                     await self.step(msgspec.json.decode(raw))
 
-    async def step(self, obj: dict[str, Any]) -> None:
+    async def release(self) -> None:
+        """Let the nodes held on trial finish it (as at the next status)."""
+        self.hold, self.hold_at = False, None
+        if self.obj_seen is not None:
+            await self.step(self.obj_seen, again=True)
+
+    async def step(self, obj: dict[str, Any], *, again: bool = False) -> None:
+        self.obj_seen = obj
         status = decode_status((obj.get("status") or {}).get("rollout"))
         if status is None:
             return
-        if self.statuses and self.statuses[-1] == status:
+        if self.statuses and self.statuses[-1] == status and not again:
             return
-        self.statuses.append(status)
-        self.wake.set()
+        await self._act(obj, status)
+        # Recorded once acted on: a test that sees it sees the fleet's answer too.
+        if not again:
+            self.statuses.append(status)
+
+    async def _act(self, obj: dict[str, Any], status: RolloutStatus) -> None:
         name, uid = obj["metadata"]["name"], obj["metadata"]["uid"]
         generation = obj["metadata"]["generation"]
         hash_ = config_hash(obj["spec"]["config"])
@@ -111,7 +123,8 @@ class Fleet:
         now = time.time()
         # Trials end at the next status the controller writes (it has seen them start).
         for node in self.nodes:
-            if self.state[node] != "trial" or self.hold or status.phase == Phase.ABORTED:
+            held = self.hold or (self.hold_at is not None and status.wave >= self.hold_at)
+            if self.state[node] != "trial" or held or status.phase == Phase.ABORTED:
                 continue
             if node in self.bad:
                 bad = Bad(
@@ -294,3 +307,97 @@ async def test_a_good_config_reaches_complete_through_canary_and_waves(scene: Sc
     (cond,) = [c for c in served["status"]["conditions"] if c["type"] == "RolledOut"]
     assert (cond["status"], cond["reason"]) == ("True", "Complete")
     assert controller.writes >= len(fleet.statuses) > 0
+
+
+async def test_a_failing_canary_halts_the_rollout_there(scene: Scene) -> None:
+    nodes = await scene.nodes(6, canary=1)
+    rollout = {"canary": {"count": 1, "selector": {"matchLabels": {"pool": "canary"}}}}
+    obj = await scene.config(rollout)
+    fleet = await scene.fleet(obj, nodes, canary={nodes[0]}, bad={nodes[0]})
+    await scene.start(scene.settings())
+    halted = await fleet.until(lambda s: s.phase == Phase.HALTED, "the rollout Halted")
+    assert (halted.wave, halted.admitted, halted.counts.rolled_back) == (0, 1, 1)
+    assert "rolled back or refused" in halted.halted_reason
+    # Nobody beyond the canary ever tried it.
+    assert fleet.tries == {nodes[0]: 1}
+    seen = await wait_until(_events(scene, obj, "RolloutHalted"), "the Events", timeout=WAIT)
+    assert seen == [
+        ("Normal", "RolloutStarted"),
+        ("Normal", "WaveStarted"),
+        ("Warning", "RolloutHalted"),
+    ]
+    served = msgspec.json.decode(await scene.admin.get(NAC, obj))
+    (cond,) = [c for c in served["status"]["conditions"] if c["type"] == "RolledOut"]
+    assert (cond["status"], cond["reason"]) == ("False", "Halted")
+
+
+async def test_abort_admits_nobody_and_the_nodes_go_back(scene: Scene) -> None:
+    nodes = await scene.nodes(6)
+    obj = await scene.config({"canary": {"count": 2}, "maxUnavailable": 2})
+    fleet = await scene.fleet(obj, nodes, hold=True)
+    await scene.start(scene.settings())
+    await fleet.until(lambda s: s.counts.on_trial == 2, "the canary on trial")
+    patch = {"spec": {"rollout": {"abort": True}}}
+    await scene.admin.patch(NAC, obj, patch)
+    aborted = await fleet.until(lambda s: s.phase == Phase.ABORTED, "the rollout Aborted")
+    assert (aborted.admitted_through, aborted.admitted) == ("none", 0)
+    # The two that took it went back; nobody else tried it.
+    assert sorted(n for n, s in fleet.state.items() if s == "reverted") == sorted(fleet.tries)
+    assert len(fleet.tries) == 2
+    seen = await wait_until(_events(scene, obj, "RolloutAborted"), "the Events", timeout=WAIT)
+    assert seen[-1] == ("Warning", "RolloutAborted")
+
+
+async def test_a_restarted_controller_resumes_without_admitting_or_posting_again(
+    scene: Scene,
+) -> None:
+    nodes = await scene.nodes(6)
+    obj = await scene.config({"canary": {"count": 1}, "waves": [50, 100], "maxUnavailable": 2})
+    fleet = await scene.fleet(obj, nodes, hold_at=1)
+    first, scope = await scene.start(scene.settings("first"))
+    # Mid-rollout: the canary passed, wave 1's nodes on trial (held there).
+    await fleet.until(lambda s: s.wave == 1 and s.counts.on_trial == 2, "wave 1 on trial")
+    before = await wait_until(_events(scene, obj, "WaveStarted"), "the Events", timeout=WAIT)
+    scope.cancel()
+    await wait_until(lambda: not first.elector.leading, "the first controller stopped")
+    stored = fleet.last
+    second, _ = await scene.start(scene.settings("second"))
+    # The new leader replans from the stored status: the same status, nothing written.
+    await wait_until(lambda: second.plans > 0, "the second controller planning", timeout=WAIT)
+    assert second.writes == 0 and fleet.last == stored
+    await fleet.release()
+    done = await fleet.until(lambda s: s.phase == Phase.COMPLETE, "the rollout Complete")
+    assert done.counts.active == 6 and set(fleet.tries.values()) == {1}
+    seen = await wait_until(_events(scene, obj, "RolloutComplete"), "the Events", timeout=WAIT)
+    assert seen[: len(before)] == before
+    assert [r for _, r in seen].count("RolloutStarted") == 1
+    # Canary, wave 1, wave 2: each opened once, whoever led.
+    assert [r for _, r in seen].count("WaveStarted") == 3
+
+
+async def test_two_controllers_never_both_write(scene: Scene) -> None:
+    nodes = await scene.nodes(6)
+    obj = await scene.config({"canary": {"count": 1}, "waves": [50, 100], "maxUnavailable": 2})
+    fleet = await scene.fleet(obj, nodes)
+    one, _ = await scene.start(scene.settings("one"))
+    two, _ = await scene.start(scene.settings("two"))
+    await fleet.until(lambda s: s.phase == Phase.COMPLETE, "the rollout Complete")
+    assert sorted([one.writes, two.writes])[0] == 0, (one.writes, two.writes)
+    assert max(one.writes, two.writes) > 0
+    assert one.elector.transitions + two.elector.transitions == 1
+
+
+async def test_the_pause_between_waves_ends_by_a_timer(scene: Scene) -> None:
+    # After the canary passes the fleet is quiet: only the controller's own wake-up at the
+    # pause's end can open the next wave.
+    nodes = await scene.nodes(3)
+    pause = 2
+    obj = await scene.config({"canary": {"count": 1}, "waves": [100], "pauseSeconds": pause})
+    fleet = await scene.fleet(obj, nodes)
+    await scene.start(scene.settings())
+    paused = await fleet.until(lambda s: bool(s.wave_complete_at), "the canary done")
+    assert paused.wave == 0 and paused.admitted == 1
+    done = await fleet.until(lambda s: s.phase == Phase.COMPLETE, "the rollout Complete")
+    assert done.counts.active == 3
+    opened = next(s for s in fleet.statuses if s.wave == 1)
+    assert opened.admitted == 2 and not opened.wave_complete_at  # one more (maxUnavailable 1)

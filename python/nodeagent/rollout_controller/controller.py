@@ -95,7 +95,8 @@ class Controller:
         self._last_write: dict[str, float] = {}  # object -> Trio clock of its last write
         self._wake_at: dict[str, float] = {}  # object -> Trio clock to plan it again
         self._phases: dict[str, str] = {}
-        self.writes = 0  # status writes that succeeded (for tests and the load script)
+        self.plans = 0  # objects planned (for tests and the load script)
+        self.writes = 0  # status writes that succeeded
         self.conflicts = 0
         self.alive = False  # the loop runs (/healthz)
 
@@ -170,6 +171,7 @@ class Controller:
             now = self._clock()
             planned = plan(rollout.spec, rollout.revision, rollout.nodes, rollout.status, now)
             metrics.PLANS.inc()
+            self.plans += 1
             status = planned.status
             self._show(rollout.name, status.phase, status.admitted, status.counts.targeted)
             self._schedule_pause(rollout.name, rollout.spec.pause_seconds, status, now)
