@@ -484,18 +484,21 @@ ROLLOUT: dict[str, Any] = {
 }
 
 
-def rollout_figures(run: Run, config: Mapping[str, Any], timeout: float) -> dict[str, Any]:
-    """Rolls ``config`` out with ROLLOUT and waits for Complete: the time, the peak on trial."""
+def rollout_figures(
+    run: Run, config: Mapping[str, Any], timeout: float, policy: Mapping[str, Any] = ROLLOUT
+) -> dict[str, Any]:
+    """Rolls ``config`` out with ``policy`` and waits for Complete: the time, the peak on
+    trial."""
     h = config_hash_of(config)
     t0 = time.monotonic()
-    put_config(run.srv, config, ROLLOUT)
+    put_config(run.srv, config, policy)
     done = run.wait_phase(h, {"Complete"}, timeout)
     history = [s for s in run.recorder.history() if s.rollout.config_hash == h]
     return {
         "agents": len(run.fleet.agents),
         "rollout_s": round(done.t - t0, 1),
         "waves": max(s.rollout.wave for s in history),
-        "max_unavailable": ROLLOUT["maxUnavailable"],
+        "max_unavailable": policy["maxUnavailable"],
         "peak_on_trial": peak_on_trial(run.recorder.conditions, NAME, h),
         "statuses_seen": len(history),
         "outside_admitted": sorted(run.outside(h)),
@@ -585,6 +588,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--agents", type=int, default=100)
     p.add_argument("--batch", type=int, default=10, help="agents started at once")
     p.add_argument("--timeout", type=float, default=1800, help="seconds for the rollout")
+    p.add_argument(
+        "--max-unavailable",
+        default=ROLLOUT["maxUnavailable"],
+        type=lambda v: v if v.endswith("%") else int(v),
+        help="spec.rollout.maxUnavailable: a count or N%% (default: %(default)s)",
+    )
     p.add_argument("--json", metavar="FILE", help="write the figures here too")
     p.add_argument(
         "--transcript",
@@ -600,7 +609,9 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         with fleet_run(args.agents, pathlib.Path(tmp), batch=args.batch) as run:
             started = time.monotonic() - t
-            fig = rollout_figures(run, {"plugins": {"scan_interval": 0.5}}, args.timeout)
+            policy = {**ROLLOUT, "maxUnavailable": args.max_unavailable}
+            good = {"plugins": {"scan_interval": 0.5}}
+            fig = rollout_figures(run, good, args.timeout, policy)
             fig["fleet_start_s"] = round(started, 1)
     for key, value in fig.items():
         print(f"{key:>20}: {value}")
