@@ -344,9 +344,6 @@ def cmd_rollout_controller(args: argparse.Namespace) -> int:
     from nodeagent.rollout_controller.controller import main as controller_main
     from nodeagent.rollout_controller.settings import ControllerSettings, default_namespace
 
-    configure_logging(args.log_level, args.log_format)
-    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
-    log = get_logger("nodeagent.rollout_controller")
     settings = ControllerSettings(
         kubeconfig=args.kubeconfig,
         context=args.context,
@@ -366,6 +363,9 @@ def cmd_rollout_controller(args: argparse.Namespace) -> int:
     if client is None:
         _error("rollout-controller needs a cluster: --kubeconfig, or run in a pod")
         return EXIT_CONFIG
+    configure_logging(args.log_level, args.log_format)
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+    log = get_logger("nodeagent.rollout_controller")
     log.info(
         "rollout controller starting",
         version=__version__,
