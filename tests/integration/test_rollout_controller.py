@@ -22,7 +22,6 @@ import msgspec
 import pytest
 import trio
 
-from nodeagent.accumulator import Accumulator, ObjectMap, Query
 from nodeagent.dynconfig.overlay import config_hash
 from nodeagent.dynconfig.state import Assignment, Bad, BadKind, Known, State, Trial
 from nodeagent.dynconfig.status import Condition, bad_condition, condition_patch, resting_condition
@@ -39,6 +38,7 @@ from nodeagent.rollout_controller.controller import Controller
 from nodeagent.rollout_controller.settings import ControllerSettings
 from tests.integration.conftest import client_for
 from tests.support.apiserver import ApiServer
+from tests.support.follow import follow_nodeagentconfig
 from tests.support.nodeagentconfig import NAC, install_nodeagentconfig_crd, nodeagentconfig
 from tests.support.wait import NotYet, wait_until
 
@@ -77,24 +77,7 @@ class Fleet:
         await self.client.patch(NODES, node, patch, type="strategic", subresource="status")
 
     async def run(self) -> None:
-        query: Query[bytes] = Query(
-            "nac", NAC.api_version, NAC, field_selector=f"metadata.name={self.obj}"
-        )
-        acc = Accumulator(self.client, [query])
-
-        @dataclass
-        class Snap:
-            nac: ObjectMap[bytes] = field(default_factory=ObjectMap)
-
-        snap = Snap()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(acc.run)
-            while True:
-                await acc.changed()
-                acc.update(snap)
-                raw = snap.nac.lookup("", self.obj)
-                if raw is not None:
-                    await self.step(msgspec.json.decode(raw))
+        await follow_nodeagentconfig(self.client, self.obj, self.step)
 
     async def release(self) -> None:
         """Let the nodes held on trial finish it (as at the next status)."""
