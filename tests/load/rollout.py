@@ -59,8 +59,9 @@ TRIAL = [
 ]
 # The config that fails its trial on the nodes started with this hook (Fleet.unready_when).
 BAD_FIELD, BAD_VALUE = "plugins.scan_interval", 0.77
-# The controllers' Lease, short: a killed leader is replaced within seconds.
-LEASE = ["--lease-duration", "3", "--renew-deadline", "2", "--retry-period", "0.5"]
+# The controllers' Lease, short: a killed leader is replaced within seconds; but a leader may
+# stall a few seconds on a loaded 2-core machine without losing it.
+LEASE = ["--lease-duration", "8", "--renew-deadline", "6", "--retry-period", "1"]
 NAME = "fleet"
 
 
@@ -287,6 +288,18 @@ class Controller:
         log.close()
         return self
 
+    def serving(self) -> bool | NotYet:
+        """Its /healthz answers 200 (the process is up and its loop runs)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            log = (self.root / f"{self.identity}.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{self.identity} exited with {self.proc.returncode}: {log}")
+        try:
+            url = f"http://127.0.0.1:{self.port}/healthz"
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                return resp.status == 200 or NotYet(resp.status)
+        except OSError as exc:
+            return NotYet(str(exc))
+
     def metrics(self) -> dict[str, float]:
         """Its own counters: status writes (ok), conflicts, leader."""
         url = f"http://127.0.0.1:{self.port}/metrics"
@@ -466,6 +479,8 @@ def fleet_run(
         fleet.start(batch)
         recorder.start()
         procs = [Controller(srv, f"ctl-{i}", fleet.base).start() for i in range(controllers)]
+        for c in procs:
+            until(c.serving, f"{c.identity} serving /healthz", timeout=60)
         yield Run(srv, fleet, recorder, procs, set(nodes[:canary]))
     finally:
         for c in procs:
