@@ -362,8 +362,11 @@ async def test_two_controllers_never_both_write(scene: Scene) -> None:
     nodes = await scene.nodes(6)
     obj = await scene.config({"canary": {"count": 1}, "waves": [50, 100], "maxUnavailable": 2})
     fleet = await scene.fleet(obj, nodes)
-    one, _ = await scene.start(scene.settings("one"))
-    two, _ = await scene.start(scene.settings("two"))
+    # The contract's durations: a loaded machine must not make the leader miss its renewals
+    # (a handover would make both write, one after the other, legitimately).
+    durations = {"lease_duration": 15.0, "renew_deadline": 10.0, "retry_period": 1.0}
+    one, _ = await scene.start(scene.settings("one", **durations))
+    two, _ = await scene.start(scene.settings("two", **durations))
     await fleet.until(lambda s: s.phase == Phase.COMPLETE, "the rollout Complete")
     assert sorted([one.writes, two.writes])[0] == 0, (one.writes, two.writes)
     assert max(one.writes, two.writes) > 0
