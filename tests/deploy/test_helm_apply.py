@@ -7,16 +7,34 @@ chart's DaemonSet pod is test_deploy_daemonset.py's."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
+import json
+import pathlib
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
 import pytest
 
-from nodeagent.kube import ClusterConfig, KubeClient, errors
-from tests.deploy.manifests import CHART_RELEASE, CHART_VALUES, apply_docs, chart_install
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from nodeagent.kube import NODES, ClusterConfig, KubeClient, errors
+from tests.deploy.manifests import (
+    CHART_RELEASE,
+    CHART_VALUES,
+    PLAIN,
+    apply_docs,
+    chart_install,
+    pod_token,
+)
+from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
+from tests.support.crds import REPO_ROOT
 from tests.support.helm import template
+from tests.support.nodeagentconfig import NAC, nodeagentconfig
+from tests.support.wait import NotYet, wait_until
 
 # Its own apiserver: the policies applied here bind cluster-wide.
 LEASE = "nodeagent-rollout-controller"
@@ -140,3 +158,109 @@ async def test_strict_validation_refuses_an_unknown_field(admin: KubeClient, kin
     with pytest.raises(errors.ApiError) as refused:
         await apply_docs(admin, [broken], strict=True)
     assert field in refused.value.message
+
+
+def _start(args: list[str], log: pathlib.Path) -> subprocess.Popen[bytes]:
+    """`nodeagent <args>` as the pod runs it: $(POD_NAME) expanded as the kubelet does, from the
+    downward API's env."""
+    args = [a.replace("$(POD_NAME)", "rollout-pod-1") for a in args]
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "nodeagent", *args],
+            env={"POD_NAME": "rollout-pod-1", "PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=REPO_ROOT,
+        )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+async def test_the_rollout_controller_runs_with_its_own_account(
+    apiserver: ApiServer, admin: KubeClient, tmp_path: pathlib.Path
+) -> None:
+    """`nodeagent rollout-controller` as the chart's Deployment runs it, with a token of the
+    chart's ServiceAccount for it: it takes its Lease, writes a rollout's status and posts its
+    Events with nothing refused (a grant missing from the chart's RBAC would show as a 403 in
+    its log and no status)."""
+    namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "nodeagent"}}
+    await apply_docs(admin, [namespace, *template(include_crds=True)], strict=True)
+    account = dataclasses.replace(PLAIN, service_account="nodeagent-rollout-controller")
+    token = await pod_token(admin, None, install=account)
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {
+                            "server": apiserver.url,
+                            "certificate-authority": str(apiserver.ca_file),
+                        },
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": token}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    with contextlib.suppress(errors.AlreadyExists):
+        await admin.create(NODES, {"metadata": {"name": "rollout-node", "labels": {"x": "y"}}})
+    spec = {"nodeSelector": {"matchLabels": {"x": "y"}}, "config": {}, "rollout": {}}
+    await admin.create(NAC, nodeagentconfig("chart-rollout", spec=spec))
+    # The Deployment's args, but the metrics port (the harness's host is shared).
+    deployment = next(
+        d
+        for d in template()
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "nodeagent-rollout-controller"
+    )
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    port = free_ports(1)[0]
+    args = [
+        f"--metrics-address=127.0.0.1:{port}" if a.startswith("--metrics-address") else a
+        for a in args
+    ]
+    log = tmp_path / "controller.log"
+    proc = _start([*args, "--kubeconfig", str(config)], log)
+    try:
+
+        async def written() -> dict[str, Any] | NotYet:
+            obj = msgspec.json.decode(await admin.get(NAC, "chart-rollout"))
+            rollout = (obj.get("status") or {}).get("rollout")
+            return rollout if rollout and rollout["admitted"] == 1 else NotYet(obj.get("status"))
+
+        rollout = await wait_until(written, "the controller's status write", timeout=60)
+        assert rollout["phase"] == "Progressing"
+        leases = await admin.discover("coordination.k8s.io/v1", "Lease")
+        lease = msgspec.json.decode(
+            await admin.get(leases, "nodeagent-rollout-controller", "nodeagent")
+        )
+        assert lease["spec"]["holderIdentity"] == "rollout-pod-1"
+        events = await admin.discover("v1", "Event")
+
+        async def posted() -> set[str] | NotYet:
+            listed = await admin.list(events, "default")
+            reasons = {
+                e["reason"]
+                for e in (msgspec.json.decode(item) for item in listed.items)
+                if e["involvedObject"].get("name") == "chart-rollout"
+            }
+            return reasons if {"RolloutStarted", "WaveStarted"} <= reasons else NotYet(reasons)
+
+        await wait_until(posted, "the controller's Events", timeout=60)
+    finally:
+        _stop(proc)
+    text = log.read_text(errors="replace")
+    assert "Forbidden" not in text and "403" not in text, text
