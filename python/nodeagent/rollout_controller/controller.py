@@ -20,6 +20,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 import trio
@@ -28,7 +29,7 @@ from nodeagent.accumulator import Accumulator, ObjectMap, Query
 from nodeagent.kube import NODES, Conflict, KubeClient, KubeError, NotFound
 from nodeagent.log import get_logger
 from nodeagent.rollout.api import Phase, RolloutStatus
-from nodeagent.rollout.plan import plan
+from nodeagent.rollout.plan import Event, plan
 from nodeagent.rollout_controller import metrics
 from nodeagent.rollout_controller.lease import LeaseElector
 from nodeagent.rollout_controller.observe import (
@@ -95,6 +96,7 @@ class Controller:
         self._last_write: dict[str, float] = {}  # object -> Trio clock of its last write
         self._wake_at: dict[str, float] = {}  # object -> Trio clock to plan it again
         self._phases: dict[str, str] = {}
+        self._invalid: dict[str, str] = {}  # object -> why it cannot be rolled out (reported)
         self.plans = 0  # objects planned (for tests and the load script)
         self.writes = 0  # status writes that succeeded
         self.conflicts = 0
@@ -147,14 +149,27 @@ class Controller:
                 continue  # the accumulator's store holds JSON; never here
         problems: dict[str, str] = {}
         found = rollouts(objects, snap.nodes.values_list(), problems)
-        for name, why in problems.items():
-            log.warning("NodeAgentConfig not rolled out: invalid", object=name, error=why)
+        self._report(objects, problems)
         live = {r.name for r in found}
         for gone in [n for n in self._phases if n not in live]:
             self._forget(gone)
         nodes = snap.nodes.values_list()
         for rollout in found:
             await self._reconcile(rollout, nodes)
+
+    def _report(self, objects: list[Any], problems: dict[str, str]) -> None:
+        """An object the controller cannot roll out (a CRD looser than the controller's): said
+        once per problem in the log and as a Warning Event on it, counted in a gauge; its
+        status is left as it is and the other objects go on."""
+        for name, why in problems.items():
+            if self._invalid.get(name) == why:
+                continue
+            log.warning("NodeAgentConfig not rolled out: invalid", object=name, error=why)
+            obj = next((o for o in objects if (o.get("metadata") or {}).get("name") == name), None)
+            if isinstance(obj, dict):
+                self.recorder.record(obj, Event("Warning", "RolloutInvalid", why))
+        self._invalid = dict(problems)
+        metrics.INVALID.set(len(problems))
 
     def _forget(self, name: str) -> None:
         self._phases.pop(name, None)

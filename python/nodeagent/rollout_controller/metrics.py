@@ -45,3 +45,8 @@ LEADER = Gauge(
     "nodeagent_rollout_leader",
     "1 while this controller holds the Lease and may write (renewed within renewDeadline).",
 )
+INVALID = Gauge(
+    "nodeagent_rollout_invalid_objects",
+    "NodeAgentConfigs with spec.rollout the controller cannot read (left alone, a Warning Event "
+    "RolloutInvalid on each).",
+)

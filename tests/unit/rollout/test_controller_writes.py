@@ -14,6 +14,7 @@ import trio.testing
 from nodeagent.dynconfig.status import Condition, condition_patch
 from nodeagent.kube import ClusterConfig, Conflict, KubeClient
 from nodeagent.rollout.plan import Event
+from nodeagent.rollout_controller import metrics
 from nodeagent.rollout_controller.controller import Controller
 from nodeagent.rollout_controller.observe import NodeView, Rollout, rollouts
 from nodeagent.rollout_controller.settings import ControllerSettings
@@ -123,3 +124,21 @@ async def test_a_follower_writes_nothing(autojump_clock: trio.testing.MockClock)
     nodes = [node("a")]
     await ctl._reconcile(observed(api, nodes), nodes)
     assert api.writes == [] and events == []
+
+
+async def test_an_unreadable_rollout_is_reported_once_and_left_alone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    bad = nac()
+    bad["spec"]["rollout"] = {"waves": "many"}
+    api = Api(bad)
+    ctl, events = controller(api)
+    for _ in range(3):  # every step sees it; one Event for one problem
+        problems: dict[str, str] = {}
+        assert rollouts([bad], [node("a")], problems) == []
+        ctl._report([bad], problems)
+    assert [(e.type, e.reason) for e in events] == [("Warning", "RolloutInvalid")]
+    assert "spec.rollout" in events[0].message
+    assert metrics.INVALID._value.get() == 1
+    ctl._report([bad], {})
+    assert metrics.INVALID._value.get() == 0 and api.writes == []
