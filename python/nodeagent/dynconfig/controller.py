@@ -400,6 +400,10 @@ class Controller(Generic[C]):
         if persisted.save(self.store, self.state) is not Saved.CHECKPOINT:
             self.state.lkg, self.state.lkg_at, self.state.trial = before
             self.state.passed = passed
+            # Written again once it can be, also if this trial is dropped meanwhile (a tie, an
+            # unreadable target, a rollout no longer admitting it): the store's problem must
+            # not outlive the read-only directory.
+            self._behind = True
             self._defer(target)
             return
         result = self.hub.propose(config, f"NodeAgentConfig/{target.name}")

@@ -32,6 +32,7 @@ from nodeagent.checkpoint import CheckpointStore
 from nodeagent.checkpoint import metrics as checkpoint_metrics
 from nodeagent.checkpoint import store as store_module
 from nodeagent.dynconfig import metrics
+from nodeagent.dynconfig.admission import Gate
 from nodeagent.dynconfig.boot import BootResult, boot
 from nodeagent.dynconfig.controller import RETRY_MAX, Controller
 from nodeagent.dynconfig.settings import DynconfigSettings
@@ -253,6 +254,38 @@ async def test_a_failed_state_write_is_retried_until_it_succeeds(
     current = on_disk(agent.store)
     assert current is not None and len(current.bad) == 1  # the refused edit, as in memory
     assert not agent.runtime.path(CHECKPOINT_NAME).exists()
+
+
+@pytest.mark.parametrize("code", ERRORS)
+async def test_a_deferred_trial_dropped_meanwhile_still_clears_the_stores_problem(
+    tmp_path: Path, disk: Disk, code: int, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A config assigned while its rollout did not admit the node, admitted once the state
+    directory is unwritable (its trial deferred: the marker not written), the trial dropped
+    before the directory is writable again (the watch could not select: a relist): nothing
+    was left to write, and the store kept saying `not written` although writable (found by
+    the dynconfig model with rollout statuses)."""
+    wall = Wall()
+    agent = start(tmp_path, wall)
+    c, reports = agent.controller, [Report("publisher")]
+    waiting = Gate(GOOD_HASH, False, "WaitingForWave", "NodeAgentConfig fleet waits", False)
+    c.assign(target(GOOD), reports, waiting)
+    assert c.condition().reason == "WaitingForWave" and agent.store.problem is None
+    disk.broken[agent.store.directory] = code
+    admitted = Gate(GOOD_HASH, True, "", "", False)
+    c.assign(target(GOOD), reports, admitted)  # the same assignment: only the trial's write
+    assert c.condition().reason == "TrialDeferred" and agent.store.problem is not None
+    c.keep("NodeAgentConfig objects not readable (a relist)")  # the trial dropped
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(c.run_trials, lambda: reports)
+        disk.broken.clear()
+        await wait_until(
+            lambda: agent.store.problem is None,
+            "the checkpoint written again",
+            timeout=RETRY_MAX + 10,
+        )
+        nursery.cancel_scope.cancel()
+    assert c.active.hash == LOCAL_HASH and c.state.trial is None  # nothing applied meanwhile
 
 
 def test_a_full_disk_is_a_failed_write_like_a_read_only_one(
