@@ -7,6 +7,7 @@ import pathlib
 import re
 import ssl
 import sys
+import threading
 import urllib.error
 import urllib.request
 import uuid
@@ -213,6 +214,39 @@ def test_token_kubeconfig_without_client_cert(srv: ApiServer) -> None:
     )
     with urllib.request.urlopen(req, context=ctx, timeout=30) as resp:
         assert resp.status == 200
+
+
+def test_a_stop_with_a_watch_open_ends_the_watch_and_the_server_by_itself(srv: ApiServer) -> None:
+    """stop_apiserver() is kube-apiserver's own graceful shutdown, finished: the server ends the
+    open watches (a clean end of the stream) and exits 0, instead of holding them until the
+    harness's SIGKILL 30 s later (what every test restarting an apiserver under an agent paid)."""
+    opened = threading.Event()
+    outcome: list[str] = []
+
+    def watch() -> None:
+        req = urllib.request.Request(
+            srv.url + "/api/v1/namespaces?watch=1", headers={"Accept": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, context=srv.ssl_context("admin"), timeout=120) as r:
+                opened.set()
+                while r.read(1):
+                    pass
+            outcome.append("ended")
+        except Exception as exc:  # a reset or a truncated chunk: the server did not end it
+            outcome.append(repr(exc))
+        finally:
+            opened.set()
+
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    assert opened.wait(30) and not outcome, outcome
+    try:
+        assert srv.stop_apiserver() == 0  # not -9: the harness's SIGKILL
+        reader.join(30)
+        assert outcome == ["ended"]
+    finally:
+        srv.start_apiserver()
 
 
 def test_restart_preserves_state(srv: ApiServer) -> None:

@@ -68,7 +68,7 @@ def test_connects_with_node_credentials_and_tracks_apiserver_outage(
     apiserver.stop_apiserver()
     try:
         # A control-plane restart is reported but does not flip readiness within the bound
-        # (stop_apiserver waits out the server's graceful shutdown, ~30 s, /readyz failing)...
+        # (stop_apiserver waits out the server's graceful shutdown, its watches ended)...
         body = wait_readyz(agent, 200, "[+]kube ok: apiserver unreachable for ")
         assert "(bound 45s)" in body, body
         # ...past it, the kube component is not ready. The lapse runs from when the watches

@@ -94,6 +94,7 @@ GATE_LANES = ("default", "all-dra")
 DEFAULT_NODES = ("node-a", "node-b")
 READY_TIMEOUT = float(os.environ.get("NODEAGENT_HARNESS_TIMEOUT", "120"))
 STOP_TIMEOUT = 30.0
+WATCH_DRAIN = "5s"  # the longest a stop waits for the watches the server ended to drain
 
 
 class HarnessBuildError(RuntimeError):
@@ -652,8 +653,10 @@ class ApiServer:
             "--port",
             str(self.port),
         ]
-        if self.extra_args:
-            argv += ["--", *self.extra_args]
+        # kube-apiserver's graceful shutdown ends open watches itself only with a grace period
+        # for them; without one it holds them until STOP_TIMEOUT's SIGKILL (30 s for every stop
+        # or restart under an agent). extra_args may set another (the last flag wins).
+        argv += ["--", f"--shutdown-watch-termination-grace-period={WATCH_DRAIN}", *self.extra_args]
         self._apiserver = _Proc("apiserver", argv, self.apiserver_log)
         self._wait_ready(t0)
         self.startup_seconds = time.monotonic() - t0
@@ -720,12 +723,15 @@ class ApiServer:
         not know it): tests use it to know which gated fields a write keeps."""
         return self.enabled_features().get(name, False)
 
-    def stop_apiserver(self) -> None:
-        """SIGTERM kube-apiserver and wait for it to exit (SIGKILL after 30 s).
+    def stop_apiserver(self) -> int | None:
+        """SIGTERM kube-apiserver and wait for it to exit (SIGKILL after 30 s); its exit code
+        (0: its graceful shutdown finished, open watches ended by the server; None: not running).
         etcd keeps running; the port is free until start_apiserver()."""
+        code = None
         if self._apiserver is not None:
-            self._apiserver.stop()
+            code = self._apiserver.stop()
             self._apiserver = None
+        return code
 
     def restart(self) -> None:
         """stop_apiserver() then start_apiserver(): same port, same etcd data."""
