@@ -33,7 +33,7 @@ from nodeagent.rollout.api import (
     decode_status,
     max_unavailable,
 )
-from nodeagent.rollout.rank import admission
+from nodeagent.rollout.rank import admission, rank_key
 from nodeagent.rollout_controller.controller import Controller
 from nodeagent.rollout_controller.settings import ControllerSettings
 from tests.integration.conftest import client_for
@@ -387,3 +387,23 @@ async def test_the_pause_between_waves_ends_by_a_timer(scene: Scene) -> None:
     assert done.counts.active == 3
     opened = next(s for s in fleet.statuses if s.wave == 1)
     assert opened.admitted == 2 and not opened.wave_complete_at  # one more (maxUnavailable 1)
+
+
+async def test_failures_halt_at_the_wave_that_crosses_the_limit(scene: Scene) -> None:
+    nodes = await scene.nodes(8)
+    rollout = {
+        "canary": {"count": 1},
+        "waves": [25, 50, 100],
+        "maxUnavailable": 2,
+        "failurePolicy": {"maxFailures": 2},
+    }
+    obj = await scene.config(rollout)
+    uid = msgspec.json.decode(await scene.admin.get(NAC, obj))["metadata"]["uid"]
+    # Rank order of the rollout (generation 1): canary 1, wave 1 -> 2, wave 2 -> 4, wave 3 -> 8.
+    order = sorted(nodes, key=lambda n: rank_key(n, uid, 1, False))
+    fleet = await scene.fleet(obj, nodes, bad=set(order[2:4]))  # wave 2's two nodes
+    await scene.start(scene.settings())
+    halted = await fleet.until(lambda s: s.phase == Phase.HALTED, "the rollout Halted")
+    assert (halted.wave, halted.admitted, halted.counts.rolled_back) == (2, 4, 2)
+    assert sorted(fleet.tries) == sorted(order[:4])  # nobody past wave 2 tried it
+    assert fleet.peak <= 2
