@@ -4,8 +4,9 @@ NodeAgentConfig with ``spec.rollout`` (issue 31): the test plays the rollout con
 (the Node's NodeAgentConfigOK condition and /v1/config). The node waits (no status: for the
 controller; beyond the threshold: for its wave) with the old config running, is admitted by a
 status-only change (on trial, then active but not last-known-good), an abort returns it to the
-previous config without marking the new one bad, lifting the abort lets it take it again, and
-Complete makes it last-known-good."""
+previous config without marking the new one bad, lifting the abort lets it take it again, the
+previous config applied again is taken at once (the node's last-known-good, whatever
+status.rollout says), and Complete makes it last-known-good."""
 
 from __future__ import annotations
 
@@ -130,10 +131,29 @@ def test_an_agent_waits_for_its_wave_takes_it_when_admitted_and_goes_back_on_abo
     assert _scan_interval(agent) == 0.25
     assert _dyn(agent)["bad"] == []
 
-    # The abort lifted: admitted again, taken again; Complete makes it last-known-good.
+    # The abort lifted: admitted again, taken again.
     _write_status(apiserver, Phase.PROGRESSING, "all")
     _reason(apiserver, "OnTrial", "taken again")
     _reason(apiserver, "Active", "through its trial again")
+
+    # The operator's fast undo: the previous config applied again. status.rollout still names
+    # the new one (no controller has planned the revert), yet the node returns to its
+    # last-known-good at once, without a trial.
+    _put(apiserver, {"config": OLD})
+    condition = _reason(
+        apiserver, "Active", "back to last-known-good", ending="active and last-known-good"
+    )
+    assert condition["message"].startswith(f"NodeAgentConfig {NAME} (hash {old}) ")
+    assert _scan_interval(agent) == 0.25
+    dyn = _dyn(agent)
+    assert dyn["active"]["hash"] == old and not dyn["rollout"]["waiting"]
+    assert dyn["bad"] == [] and (dyn["last_known_good"] or {}).get("hash") == old
+
+    # The new config once more, still admitted by the status; Complete makes it
+    # last-known-good.
+    _put(apiserver, {"config": NEW})
+    _reason(apiserver, "OnTrial", "taken once more")
+    _reason(apiserver, "Active", "through its trial once more")
     _write_status(apiserver, Phase.COMPLETE, "all")
     until(
         lambda: (_dyn(agent)["last_known_good"] or {}).get("hash") == new,

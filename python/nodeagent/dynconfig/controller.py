@@ -229,16 +229,19 @@ class Controller(Generic[C]):
             # Its error stays on the condition as it was written: a relist writes nothing.
             self._refresh_condition()
             return
-        if gate is not None and not gate.admitted:
-            # Not this node's turn (issue 31): what runs keeps running; the condition says why.
-            self._deferred = None
-            self._refresh_condition()
-            return
         lkg = self.state.lkg
         if lkg is not None and lkg.hash == target.hash:
             # Back to the last-known-good (a trial cut short by the operator's revert): it ran
             # to the end of a trial already, and on trial it would be its own rollback target.
+            # Whatever its rollout says (issue 31): the operator's fast undo of a bad config
+            # must not wait for the revert's canary and waves; the node returns to a config
+            # it proved, as a rollback or an abort would.
             self._return_to_lkg(target, lkg)
+            return
+        if gate is not None and not gate.admitted:
+            # Not this node's turn (issue 31): what runs keeps running; the condition says why.
+            self._deferred = None
+            self._refresh_condition()
             return
         self._apply(target, reports)
 

@@ -20,8 +20,9 @@ that ran to the end of a trial (or the local one); the trial is the model's, and
 own config as last-known-good; the condition's reason is the model's once no relist is under way,
 and the one written to the Node is the controller's; bad configs are the model's; what a restart
 would read (the runtime copy, else the checkpoint) is the controller's state; the agent never
-takes the config of a rollout object its status does not admit, and never makes last-known-good
-a config whose rollout is not Complete.
+takes the config of a rollout object its status does not admit (but its own last-known-good,
+taken back at once: the operator's fast undo), and never makes last-known-good a config whose
+rollout is not Complete.
 """
 
 from __future__ import annotations
@@ -418,12 +419,13 @@ class DynconfigModel(RuleBasedStateMachine):
         if m.bad.get(obj.hash) == obj.key:
             m.condition = m.bad_reason[obj.hash]
             return
-        if not obj.admitted:
-            m.condition = obj.waiting  # what runs keeps running
-            return
         if m.lkg == obj.hash:
+            # Back to last-known-good at once, whatever its rollout says (no wave, no trial).
             m.active, m.trial, m.condition = obj.hash, None, "Active"
             m.passed = None
+            return
+        if not obj.admitted:
+            m.condition = obj.waiting  # what runs keeps running
             return
         if "bogus" in obj.config:
             self._mark_bad(obj.hash, obj.key, "ConfigInvalid")
@@ -554,6 +556,17 @@ class DynconfigModel(RuleBasedStateMachine):
             obj.generation += 1
             obj.rv = next(_uids)
             self._deliver(NAC.plural)
+
+    @rule(name=st.sampled_from(NAMES))
+    def revert(self, name: str) -> None:
+        """The operator's fast undo: the object's config set back to the one the node has as
+        last-known-good (kubectl apply of the previous config), its status about the config
+        it replaces until the controller writes again."""
+        lkg = self.model.lkg
+        config = None if lkg is None else self.model.configs.get(lkg)
+        obj = self.objects.get(name)
+        if config is not None and obj is not None and obj.hash != lkg:
+            self.edit(name, config)
 
     @rule(name=st.sampled_from(NAMES))
     def break_object(self, name: str) -> None:
@@ -713,14 +726,15 @@ class DynconfigModel(RuleBasedStateMachine):
     @invariant()
     def never_an_unadmitted_config_of_a_rollout_nor_an_incomplete_last_known_good(self) -> None:
         """Checked on the real controller against the object as it was assigned: a switch to
-        the assigned config of a rollout object only when its status admits the node, and a
-        new last-known-good of a rollout object only once its status says Complete."""
+        the assigned config of a rollout object only when its status admits the node or it is
+        the node's last-known-good (a return, taken at once), and a new last-known-good of a
+        rollout object only once its status says Complete."""
         c, a = self.agent.controller, self.model.assigned
         active = c.active.hash
         lkg = None if c.state.lkg is None else c.state.lkg.hash
         if a is not None and a.rollout:
             if active != self.seen_active and active == a.hash:
-                assert a.admitted, (a, c.condition())
+                assert a.admitted or a.hash == self.seen_lkg, (a, c.condition())
             if lkg != self.seen_lkg and lkg == a.hash:
                 assert a.said("complete"), (a, c.state)
         self.seen_active, self.seen_lkg = active, lkg

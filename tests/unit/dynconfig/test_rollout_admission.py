@@ -19,7 +19,10 @@ import trio.testing
 from prometheus_client import REGISTRY
 
 from nodeagent.dynconfig.state import LOCAL_HASH
+from nodeagent.dynconfig.status import condition_patch
+from nodeagent.rollout.plan import NodeState
 from nodeagent.rollout.rank import rank_key
+from nodeagent.rollout_controller.observe import node_state
 from nodeagent.service.cli_view import render
 from tests.support.fake_dynconfig import hasher
 from tests.support.nodeagentconfig import NAC
@@ -267,3 +270,65 @@ async def test_a_node_matching_the_canary_selector_is_in_the_canary(
         await (await rig.client.sink("nodes")).feed(event("MODIFIED", {"metadata": meta}))
         await wait_until(lambda: reason(rig) == "OnTrial", "the canary is admitted")
         assert rig.hub.current["interval"] == 7
+
+
+async def test_applying_the_last_known_good_again_is_taken_at_once_whatever_the_rollout(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The operator's fast undo: spec.config set back to the config the node has as
+    last-known-good is taken at once (no wave, no trial), before any controller has seen it
+    and whatever status.rollout says of it, so that the nodes running the bad config do not
+    keep it until the revert's canary and waves pass."""
+    async with started(tmp_path, nac(OLD)) as rig:
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: reason(rig) == "Active", "the old config last-known-good")
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, "all"), generation=2))
+        await trio.sleep(TRIAL + 10)
+        await wait_until(lambda: rig.controller.state.passed is not None, "through its trial")
+        assert rig.hub.current["interval"] == 7
+
+        # The revert, the controller not yet there: status.rollout still names NEW.
+        await show(rig, nac(OLD, rollout={}, status=rollout_status(NEW, "all"), generation=3))
+        await wait_until(lambda: rig.controller.active.hash == hasher(OLD), "back at once")
+        condition = rig.controller.condition()
+        assert condition.reason == "Active" and condition.status is True
+        assert (
+            condition.message
+            == f"NodeAgentConfig fleet (hash {hasher(OLD)}) active and last-known-good"
+        )
+        assert rig.hub.current["interval"] == 6
+        state = rig.controller.state
+        assert state.trial is None and state.passed is None and state.bad == []
+        lkg = state.lkg
+        assert lkg is not None and lkg.hash == hasher(OLD)
+        assert waiting_gauge("WaitingForRolloutController") is None
+        # The rollout controller reads this node as Active for the reverted config (the
+        # revert's rollout then completes without waiting for it).
+        (served,) = condition_patch(condition, 0.0)["status"]["conditions"]
+        assert node_state(served, "fleet", hasher(OLD)) == NodeState.ACTIVE
+
+        # The controller then plans the revert as a rollout of its own (the canary only): the
+        # node, already running it, stays put.
+        revert = rollout_status(OLD, CANARY_ONLY, generation=3)
+        await show(rig, nac(OLD, rollout={}, status=revert, generation=3))
+        await wait_until(
+            lambda: (g := rig.controller._gate) is not None and g.reason == "WaitingForWave",
+            "the revert's own rollout seen",
+        )
+        assert reason(rig) == "Active" and rig.controller.active.hash == hasher(OLD)
+
+
+async def test_the_last_known_good_is_taken_at_once_also_while_the_rollout_waits_for_it(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The revert arrives while the bad config is still on trial, and the controller already
+    planned the revert's rollout with this node outside its canary: taken at once all the same."""
+    async with started(tmp_path, nac(OLD)) as rig:
+        await trio.sleep(TRIAL + 10)
+        await show(rig, nac(NEW, rollout={}, status=rollout_status(NEW, "all"), generation=2))
+        await wait_until(lambda: reason(rig) == "OnTrial", "admitted")
+        revert = rollout_status(OLD, CANARY_ONLY, generation=3)
+        await show(rig, nac(OLD, rollout={}, status=revert, generation=3))
+        await wait_until(lambda: rig.controller.active.hash == hasher(OLD), "back at once")
+        assert reason(rig) == "Active" and rig.controller.state.trial is None
+        assert rig.hub.current["interval"] == 6 and rig.controller.state.bad == []
