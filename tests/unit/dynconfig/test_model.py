@@ -560,12 +560,13 @@ class DynconfigModel(RuleBasedStateMachine):
     @rule(name=st.sampled_from(NAMES))
     def revert(self, name: str) -> None:
         """The operator's fast undo: the object's config set back to the one the node has as
-        last-known-good (kubectl apply of the previous config), its status about the config
-        it replaces until the controller writes again."""
+        last-known-good (kubectl apply of the previous config) under a rollout (spec.rollout,
+        its status about the config it replaces until the controller writes again)."""
         lkg = self.model.lkg
         config = None if lkg is None else self.model.configs.get(lkg)
         obj = self.objects.get(name)
         if config is not None and obj is not None and obj.hash != lkg:
+            obj.rollout = True
             self.edit(name, config)
 
     @rule(name=st.sampled_from(NAMES))
@@ -771,3 +772,27 @@ DynconfigModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_dynconfig_model = DynconfigModel.TestCase
+
+
+def test_a_revert_to_last_known_good_under_a_rollout_is_taken_at_once() -> None:
+    """The model's path to the operator's fast undo, spelled out (Hypothesis reaches it
+    rarely): a config through its trial, another on trial, the first applied again under a
+    rollout no controller has planned yet: taken at once (issue 31), checked by the invariants."""
+    machine = DynconfigModel()
+
+    def check() -> None:
+        machine.running_config_is_the_models()
+        machine.never_an_unadmitted_config_of_a_rollout_nor_an_incomplete_last_known_good()
+        machine.the_condition_is_the_models_and_written()
+
+    try:
+        machine.create("a", "named", {"interval": 6}, rollout=False)
+        machine.trial_ends()
+        check()
+        machine.edit("a", {"interval": 7})
+        check()
+        machine.revert("a")
+        check()
+        assert machine.agent.controller.active.hash == hasher({"interval": 6})
+    finally:
+        machine.teardown()
