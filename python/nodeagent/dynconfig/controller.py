@@ -36,6 +36,7 @@ from nodeagent.dynconfig.metrics import (
     LKG_INFO,
     REJECTED,
     ROLLBACKS,
+    ROLLOUT_ABORT_FAILURES,
     ROLLOUT_WAITING,
     TRIALS_DEFERRED,
     VETOES,
@@ -151,6 +152,9 @@ class Controller(Generic[C]):
         # whether a selection gave it yet (before, a trial's own `rollout` flag decides).
         self._gate: Gate | None = None
         self._gated = False
+        # The abort of the running config's rollout could not return to last-known-good: the
+        # condition saying so, shown while that abort stands (every selection tries again).
+        self._abort_failed: Condition | None = None
         self.condition_ = booted.condition
         self.changed = trio.Event()
         self.health = HealthTracker(settings)
@@ -310,8 +314,22 @@ class Controller(Generic[C]):
             # Aborted once Complete: nothing older is kept to go back to.
             self._refresh_condition()
             return
-        if not self._switch(lkg, f"abort of the rollout of NodeAgentConfig/{target.name}"):
-            log.warning("dynconfig rollout abort not applied", name=target.name, to=lkg.hash)
+        error = self._switch(lkg, f"abort of the rollout of NodeAgentConfig/{target.name}")
+        if error is not None:
+            # Keep running what runs (the config is not judged bad), but say so where an
+            # operator looks, once per failure rather than per selection.
+            message = f"{gate.message}: the return to {describe_known(lkg)} failed: {error}"
+            failed = Condition(False, "RolloutAbortFailed", message)
+            if failed != self._abort_failed:
+                ROLLOUT_ABORT_FAILURES.inc()
+                log.warning(
+                    "dynconfig rollout abort not applied",
+                    name=target.name,
+                    to=lkg.hash,
+                    error=error,
+                )
+                self.on_event(ConfigEvent("Warning", "RolloutAbortFailed", message))
+            self._abort_failed = failed
             self._refresh_condition()
             return
         trial = self.state.trial
@@ -350,7 +368,7 @@ class Controller(Generic[C]):
         log.info("dynconfig promoted: its rollout is complete", name=passed.name, hash=passed.hash)
 
     def _return_to_lkg(self, target: Assignment, lkg: Known) -> None:
-        if not self._switch(lkg, f"NodeAgentConfig/{target.name}"):
+        if self._switch(lkg, f"NodeAgentConfig/{target.name}") is not None:
             self._reject(target, BadKind.VETO, "the last-known-good config was not applied")
             return
         self.state.passed = None
@@ -508,7 +526,7 @@ class Controller(Generic[C]):
         self._end_trial()
         ROLLBACKS.inc()
         subject = describe_trial(trial)
-        applied = self._switch(target, f"rollback of {subject}")
+        applied = self._switch(target, f"rollback of {subject}") is None
         self._save()
         message = f"{subject} rolled back: {reason}; running {describe_known(self.active)}"
         if trial.file_hash:
@@ -593,17 +611,19 @@ class Controller(Generic[C]):
         self._refresh_condition()
         return "applied", message
 
-    def _switch(self, target: Known, source: str) -> bool:
+    def _switch(self, target: Known, source: str) -> str | None:
+        """Run `target`'s config; None once applied, else why not (what runs keeps running)."""
         try:
             config = self.build(target.config)
         except ConfigError as exc:
             # The file changed under a checkpointed overlay (SIGHUP): keep running what runs.
             log.warning("dynconfig switch not built", target=target.hash, error=str(exc))
-            return False
+            return str(exc)
         result = self.hub.propose(config, source)
-        if result.applied:
-            self._set_active(target)
-        return result.applied
+        if not result.applied:
+            return "; ".join(f"{who}: {why}" for who, why in result.vetoes) or "not applied"
+        self._set_active(target)
+        return None
 
     def _end_trial(self) -> None:
         self.state.trial = None
@@ -687,10 +707,16 @@ class Controller(Generic[C]):
         return gate
 
     def _refresh_condition(self) -> None:
+        gate = self._gate
+        if gate is None or not gate.aborted or gate.hash != self.active.hash:
+            self._abort_failed = None  # the abort went through, was lifted, or moved on
         waiting = self._waiting() if self._kept is None else None
         ROLLOUT_WAITING.clear()
         if waiting is not None:
             ROLLOUT_WAITING.labels(reason=waiting.reason).set(1)
+        if self._kept is None and self._abort_failed is not None:
+            self._set_condition(self._abort_failed)
+            return
         if self._kept is None and self._deferred is not None:
             deferred = deferred_condition(self._deferred, self.active, self._deferral)
             self._set_condition(deferred)

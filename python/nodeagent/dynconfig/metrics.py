@@ -50,6 +50,12 @@ REJECTED = Counter(
     "Remote configs refused by the agent's validation (static or unknown field, bad value).",
 )
 
+ROLLOUT_ABORT_FAILURES = Counter(
+    "nodeagent_config_rollout_abort_failures_total",
+    "Aborts of the rollout of the running config whose return to last-known-good failed (it no "
+    "longer builds, or a component vetoed it): the config running keeps running; counted once "
+    "per failure, not per retry.",
+)
 ROLLOUT_WAITING = Gauge(
     "nodeagent_config_rollout_waiting",
     "The assigned config is not taken because its rollout does not admit this node yet (value 1 "

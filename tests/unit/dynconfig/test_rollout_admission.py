@@ -9,7 +9,7 @@ behaves as before."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -18,18 +18,21 @@ import trio
 import trio.testing
 from prometheus_client import REGISTRY
 
+from nodeagent.core.errors import ConfigError
+from nodeagent.dynconfig.admission import Gate
 from nodeagent.dynconfig.state import LOCAL_HASH
 from nodeagent.dynconfig.status import condition_patch
 from nodeagent.rollout.plan import NodeState
 from nodeagent.rollout.rank import rank_key
 from nodeagent.rollout_controller.observe import node_state
 from nodeagent.service.cli_view import render
-from tests.support.fake_dynconfig import hasher
+from tests.support.fake_dynconfig import build, hasher
 from tests.support.nodeagentconfig import NAC
 from tests.support.wait import wait_until
 from tests.unit.accumulator.helpers import event
 from tests.unit.accumulator.test_accumulator import synced
 from tests.unit.dynconfig.test_component import NODE, Rig, running
+from tests.unit.dynconfig.test_controller import make, reasons, target
 
 OLD = {"interval": 6}
 NEW = {"interval": 7}
@@ -332,3 +335,56 @@ async def test_the_last_known_good_is_taken_at_once_also_while_the_rollout_waits
         await wait_until(lambda: rig.controller.active.hash == hasher(OLD), "back at once")
         assert reason(rig) == "Active" and rig.controller.state.trial is None
         assert rig.hub.current["interval"] == 6 and rig.controller.state.bad == []
+
+
+def abort_failures() -> float:
+    return REGISTRY.get_sample_value("nodeagent_config_rollout_abort_failures_total") or 0.0
+
+
+async def test_an_abort_whose_return_fails_is_reported_and_what_runs_keeps_running(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The last-known-good no longer builds (a config-file reload since made it invalid): the
+    abort cannot return to it. Reported where an operator looks (the condition False with the
+    error, a Warning Event, a counter), once while it fails; what runs keeps running; the
+    abort goes through once the last-known-good builds again."""
+    rig = make(tmp_path)
+    c = rig.controller
+    c.assign(target(OLD))
+    await trio.sleep(TRIAL + 10)
+    c.tick(None)
+    new = hasher(NEW)
+    c.assign(target(NEW, 2), gate=Gate(new, True, "", "", False))
+    assert rig.hub.current["interval"] == 7 and c.state.trial is not None
+
+    def broken(remote: Mapping[str, Any] | None) -> dict[str, Any]:
+        if (remote or {}).get("interval") == 6:
+            raise ConfigError("interval", 6, "above the reloaded file's maximum")
+        return build(remote)
+
+    c.build = broken
+    before = abort_failures()
+    subject = f"NodeAgentConfig fleet (hash {new})"
+    aborted = Gate(new, False, "RolloutAborted", f"{subject} rollout aborted", False)
+    c.assign(target(NEW, 2), gate=aborted)
+    condition = c.condition()
+    assert (condition.status, condition.reason) == (False, "RolloutAbortFailed")
+    assert condition.message.startswith(f"{subject} rollout aborted")
+    assert "above the reloaded file's maximum" in condition.message
+    assert f"NodeAgentConfig fleet (hash {hasher(OLD)})" in condition.message
+    assert rig.hub.current["interval"] == 7 and c.active.hash == new  # keeps running
+    assert c.state.bad == []
+    (event,) = [e for e in rig.events if e.reason == "RolloutAbortFailed"]
+    assert event.type == "Warning" and event.message == condition.message
+    assert abort_failures() == before + 1
+
+    # A relist: tried again, failing the same way: said once.
+    c.assign(target(NEW, 2), gate=aborted)
+    assert c.condition() == condition
+    assert reasons(rig).count("RolloutAbortFailed") == 1 and abort_failures() == before + 1
+
+    # The last-known-good builds again: the abort goes through.
+    c.build = build
+    c.assign(target(NEW, 2), gate=aborted)
+    assert c.condition().reason == "RolloutAborted" and c.condition().status is True
+    assert rig.hub.current["interval"] == 6
