@@ -17,7 +17,54 @@ from pathlib import Path
 
 import pytest
 
+from nodeagent.kube import CORE_EVENTS, CUSTOMRESOURCEDEFINITIONS, NODES, RESOURCESLICES
+from tests.support.apiserver import DEFAULT_NODES, ApiServer, start_apiserver
+from tests.support.crds import CNR, CNR_CRD_NAME
+from tests.support.wait import NotYet, until
+
 START_TIMEOUT = 30.0
+
+
+@pytest.fixture(scope="session")
+def shared_apiserver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """One kube-apiserver for every module here that needs no server of its own (one it stops,
+    restarts or starts with other flags, nodes or audit policy keeps its own): a start and a
+    stop saved per module."""
+    with start_apiserver(tmp_path_factory.mktemp("process-apiserver")) as srv:
+        yield srv
+
+
+def _reset(srv: ApiServer) -> None:
+    """What the sharing modules make on a cluster, deleted: every ResourceSlice and Event, the
+    CNRs and their CRD, the Nodes of the harness's identities. The cluster is then the one a new
+    server has for node-a and node-b (RBAC objects, the same in every module, may stay)."""
+    status, namespaces = srv.request("GET", "/api/v1/namespaces")
+    assert status == 200, namespaces
+    paths = [RESOURCESLICES.path(), CNR.path()]
+    # Tests count Events by reason cluster-wide (a conflict another module provoked is not theirs).
+    paths += [CORE_EVENTS.path(ns["metadata"]["name"]) for ns in namespaces["items"]]
+    paths += [NODES.path(None, node) for node in DEFAULT_NODES]
+    paths.append(CUSTOMRESOURCEDEFINITIONS.path(None, CNR_CRD_NAME))
+    for path in paths:
+        status, body = srv.request("DELETE", path)
+        assert status in (200, 202, 404), (path, status, body)
+
+    def gone() -> bool | NotYet:
+        # The CRD is deleted after its objects (Terminating first): a module starting meanwhile
+        # would see the kind still served.
+        status, body = srv.request("GET", CUSTOMRESOURCEDEFINITIONS.path(None, CNR_CRD_NAME))
+        return status == 404 or NotYet((status, body))
+
+    until(gone, f"the CRD {CNR_CRD_NAME} deleted")
+
+
+@pytest.fixture(scope="module")
+def apiserver(shared_apiserver: ApiServer) -> Iterator[ApiServer]:
+    """The shared kube-apiserver, with what the module before made deleted before and after
+    this module (a module defining its own ``apiserver`` fixture overrides this one)."""
+    _reset(shared_apiserver)
+    yield shared_apiserver
+    _reset(shared_apiserver)
 
 
 class NotifyListener:

@@ -38,7 +38,7 @@ from nodeagent.reporter.store import decode_checkpoint
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent
 from tests.process.test_process_resourceslices import metric_sum
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.apiserver import ApiServer
 from tests.support.crds import CNR, install_cnr_crd, install_cnr_node_access
 from tests.support.katalystplugin import (
     MODULE_DIR,
@@ -49,8 +49,6 @@ from tests.support.katalystplugin import (
     field,
 )
 from tests.support.wait import until
-
-apiserver = apiserver_fixture(scope="module")
 
 NODE = "node-a"
 PLUGIN = "kat-upstream"

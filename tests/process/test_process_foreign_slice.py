@@ -44,10 +44,9 @@ from tests.process.test_process_resourceslices import (
     node_slices,
     start_cluster_agent,
 )
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.apiserver import ApiServer
 from tests.support.wait import until
 
-apiserver = apiserver_fixture(scope="module")
 __all__ = ["node"]  # fixture, re-used
 
 LABEL = "app.kubernetes.io/managed-by"

@@ -20,10 +20,8 @@ import trio
 from nodeagent.kube import NODES, RESOURCESLICES, errors
 from tests.integration.conftest import client_for
 from tests.process.conftest import AgentProcess, StartAgent, nodeagent_command
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.apiserver import ApiServer
 from tests.support.wait import until
-
-apiserver = apiserver_fixture(scope="module")
 
 NODE = "node-a"
 DRIVER = "gpu.example.com"

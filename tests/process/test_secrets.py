@@ -22,9 +22,7 @@ import pytest
 
 from nodeagent.kube.kubeconfig import ClusterConfig, ExecConfig
 from tests.process.conftest import NotifyListener, nodeagent_command
-from tests.support.apiserver import ApiServer, apiserver_fixture, free_ports
-
-apiserver = apiserver_fixture(scope="module")
+from tests.support.apiserver import ApiServer, free_ports
 
 OPS_PATHS = (
     "/",

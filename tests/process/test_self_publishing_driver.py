@@ -40,7 +40,7 @@ from tests.process.test_process_resourceslices import (  # noqa: F401 - node: a 
     node,
     node_slices,
 )
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.apiserver import ApiServer
 from tests.support.draplugin import (
     DraPlugin,
     KubeletDirs,
@@ -50,8 +50,6 @@ from tests.support.draplugin import (
 )
 from tests.support.draplugin_v037 import SERVICES, ModernDraPlugin, Notification, device
 from tests.support.wait import until
-
-apiserver = apiserver_fixture(scope="module")
 
 MODERN = "gpu.modern.example.com"
 MANAGED_BY = "app.kubernetes.io/managed-by"

@@ -27,11 +27,9 @@ from tests.process.test_process_resourceslices import (  # noqa: F401 - node: a 
     node,
     node_slices,
 )
-from tests.support.apiserver import ApiServer, apiserver_fixture
+from tests.support.apiserver import ApiServer
 from tests.support.draplugin import DraPlugin, KubeletDirs, instance, kubelet_dirs, named_resources
 from tests.support.wait import until
-
-apiserver = apiserver_fixture(scope="module")
 
 DRIVER = "gpu.upstream.example.com"
 RPC_TIMEOUT = 10.0
