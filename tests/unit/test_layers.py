@@ -131,6 +131,7 @@ EXPORTS: dict[str, set[str]] = {
         "Forbidden",
         "GapSink",
         "Invalid",
+        "Involved",
         "KubeClient",
         "KubeError",
         "KindLookup",

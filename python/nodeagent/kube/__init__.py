@@ -16,7 +16,7 @@ from nodeagent.kube.errors import (
     KubeError,
     NotFound,
 )
-from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink
+from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink, Involved
 from nodeagent.kube.kubeconfig import ClusterConfig, in_cluster_config, load_kubeconfig
 from nodeagent.kube.lookup import KindLookup, lookup_kind
 from nodeagent.kube.resource import (
@@ -64,6 +64,7 @@ __all__ = [
     "Forbidden",
     "GapSink",
     "Invalid",
+    "Involved",
     "KindLookup",
     "KubeClient",
     "KubeError",

@@ -1,14 +1,16 @@
-"""The process's Event recorder: Events on this node's Node object, in the shape of client-go's
-``tools/record`` EventRecorder (one per process, shared by every component that reports to the
-operator through Events).
+"""The process's Event recorder, in the shape of client-go's ``tools/record`` EventRecorder (one
+per process, shared by every component that reports to the operator through Events). The agent's
+Events are on this node's Node object; a record may name another object (`Involved`: the rollout
+controller's Events on NodeAgentConfigs), whose Events live in its namespace, or in "default"
+for a cluster-scoped one, as client-go puts them.
 
 - Non-blocking: `record` (`warn`, `normal`) only queues; `run` posts, one request at a time,
   through the process's one client.
 - Buffered until the client exists: the dynamic-config controller boots (and may roll a config
   back) before the apiserver is reachable; what it records is posted once `attach` gives the
   client.
-- Aggregated as client-go's EventCorrelator does: an occurrence of the same (type, reason,
-  message) within `window` seconds of the last one is not a new Event but a higher ``count``
+- Aggregated as client-go's EventCorrelator does: an occurrence of the same (object, type,
+  reason, message) within `window` seconds of the last one is not a new Event but a higher ``count``
   and a newer ``lastTimestamp`` on the Event already posted (a PATCH, at most one per
   `update_interval` per Event: a plugin repeating the same bad field on every message costs
   one request a minute, not one per message). An Event the apiserver already dropped (its
@@ -16,15 +18,16 @@ operator through Events).
 - Bounded: at most `backlog` Events wait to be created; more are dropped and counted. A failed
   post is logged and counted, never retried into a storm (its repeats in the window are only
   counted).
-- One metric: ``nodeagent_node_events_total{result}``.
+- One metric, by result: ``nodeagent_node_events_total{result}`` unless the process gives its
+  own counter (the rollout controller's ``nodeagent_rollout_events_total{result}``).
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import msgspec
@@ -33,12 +36,12 @@ from prometheus_client import Counter
 
 from nodeagent.core.wake import Deadlines, Wake
 from nodeagent.kube.errors import KubeError, NotFound
-from nodeagent.kube.resource import CORE_EVENTS
+from nodeagent.kube.resource import CORE_EVENTS, Resource
 from nodeagent.log import get_logger
 
 log = get_logger(__name__)
 
-__all__ = ["NODE_EVENTS", "EventClient", "EventRecorder", "EventSink"]
+__all__ = ["NODE_EVENTS", "EventClient", "EventRecorder", "EventSink", "Involved"]
 
 NODE_EVENTS = Counter(
     "nodeagent_node_events_total",
@@ -51,7 +54,52 @@ NODE_EVENTS = Counter(
 MAX_SERIES = 4096
 MESSAGE_LIMIT = 1024
 
-Key = tuple[str, str, str]  # (type, reason, message)
+
+@dataclass(frozen=True, slots=True)
+class Involved:
+    """The object an Event is about (its ``involvedObject``). Two records about the same object
+    (kind, namespace, name, uid, apiVersion, as client-go's aggregation key) are one series,
+    whatever ``resource_version`` each saw."""
+
+    kind: str
+    name: str
+    uid: str = ""
+    api_version: str = ""
+    namespace: str = ""  # "": cluster-scoped, its Events live in "default"
+    resource_version: str = field(default="", compare=False)
+
+    @classmethod
+    def of(cls, resource: Resource, obj: Mapping[str, Any]) -> Involved:
+        """The object ``obj`` of ``resource``, as decoded from the API (its metadata)."""
+        meta = obj.get("metadata") or {}
+        return cls(
+            kind=resource.kind,
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            api_version=resource.api_version,
+            namespace=str(meta.get("namespace", "")) if resource.namespaced else "",
+            resource_version=str(meta.get("resourceVersion", "")),
+        )
+
+    @property
+    def event_namespace(self) -> str:
+        return self.namespace or "default"
+
+    def reference(self) -> dict[str, str]:
+        """The Event's ``involvedObject``: the fields known, by their API names."""
+        fields = {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "namespace": self.namespace,
+            "name": self.name,
+            "uid": self.uid,
+            "resourceVersion": self.resource_version,
+        }
+        return {k: v for k, v in fields.items() if v}
+
+
+# (object, type, reason, message); object None: this node's Node (named at attach, maybe later).
+Key = tuple[Involved | None, str, str, str]
 
 
 class EventSink(Protocol):
@@ -72,8 +120,9 @@ class EventClient(EventSink, Protocol):
 
 @dataclass
 class _Series:
-    """The occurrences of one (type, reason, message) within the window."""
+    """The occurrences of one (object, type, reason, message) within the window."""
 
+    about: Involved | None  # as first recorded (its resourceVersion then)
     count: int
     first: float  # wall clock, for the Event's timestamps
     last: float
@@ -106,9 +155,13 @@ class EventRecorder:
         window: float = 600.0,
         update_interval: float = 60.0,
         component: str = "nodeagent",
+        host: str | None = None,
+        counter: Counter = NODE_EVENTS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.node_name = node_name
+        self._host = host  # the Event's source host; None: the node's name
+        self._counter = counter  # by result
         self._client = client
         self.backlog = backlog
         self.window = window
@@ -147,34 +200,36 @@ class EventRecorder:
             self.node_name = node_name
         self._wake.set()
 
-    def warn(self, reason: str, message: str) -> None:
-        self.record("Warning", reason, message)
+    def warn(self, reason: str, message: str, *, about: Involved | None = None) -> None:
+        self.record("Warning", reason, message, about=about)
 
-    def normal(self, reason: str, message: str) -> None:
-        self.record("Normal", reason, message)
+    def normal(self, reason: str, message: str, *, about: Involved | None = None) -> None:
+        self.record("Normal", reason, message, about=about)
 
-    def record(self, event_type: str, reason: str, message: str) -> None:
-        """Queues an Event on the Node (never blocks, never raises; also before the event loop
-        runs)."""
+    def record(
+        self, event_type: str, reason: str, message: str, *, about: Involved | None = None
+    ) -> None:
+        """Queues an Event on ``about``, by default the Node (never blocks, never raises; also
+        before the event loop runs)."""
         if self._off:
             return
-        key = (event_type, reason, message[:MESSAGE_LIMIT])
+        key = (about, event_type, reason, message[:MESSAGE_LIMIT])
         now, wall = _now(), self._clock()
         series = self._series.get(key)
         if series is not None and (now - series.seen < self.window or key in self._creates):
             series.count += 1
             series.seen, series.last = now, wall
-            NODE_EVENTS.labels("aggregated").inc()
+            self._counter.labels("aggregated").inc()
             if series.name is not None and key not in self._updates and self._patches:
                 self._updates.set(key, max(now, series.last_post + self.update_interval))
                 self._wake.set()  # the poster re-plans its sleep
             return
         if len(self._creates) >= self.backlog:
-            NODE_EVENTS.labels("dropped").inc()
+            self._counter.labels("dropped").inc()
             log.warning("event dropped: backlog full", reason=reason, backlog=self.backlog)
             return
         self._updates.discard(key)
-        self._series[key] = _Series(count=1, first=wall, last=wall, seen=now)
+        self._series[key] = _Series(about=about, count=1, first=wall, last=wall, seen=now)
         self._creates[key] = None
         self._wake.set()
         if len(self._series) > MAX_SERIES:
@@ -194,13 +249,21 @@ class EventRecorder:
     async def run(self) -> None:
         """Posts what is recorded, once attached; restartable (the queue is the object's)."""
         while True:
-            if self._client is None or self.node_name is None:
+            if self._client is None:
                 await self._wake.wait()
                 continue
             if self._creates:
                 key = next(iter(self._creates))
+                series = self._series.get(key)
+                about = series.about if series is not None else key[0]
+                if about is None:
+                    if self.node_name is None:  # the Node's, not named yet
+                        await self._wake.wait()
+                        continue
+                    # As the kubelet does: the node's UID is its name.
+                    about = Involved("Node", self.node_name, self.node_name)
                 del self._creates[key]
-                await self._create(self._client, self.node_name, key)
+                await self._create(self._client, about, key)
                 continue
             due = self._updates.pop_due()
             for key in due:
@@ -208,33 +271,35 @@ class EventRecorder:
             if not due:
                 await self._wake.wait_until(self._updates.next())
 
-    async def _create(self, client: EventSink, node: str, key: Key) -> None:
-        type_, reason, message = key
+    async def _create(self, client: EventSink, about: Involved, key: Key) -> None:
+        _, type_, reason, message = key
         series = self._series.get(key)
         if series is None:
             return
         count = series.count
+        host = self._host if self._host is not None else (self.node_name or "")
         body = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{node}."},
-            # As the kubelet does: node events live in "default", the node's UID is its name.
-            "involvedObject": {"kind": "Node", "name": node, "uid": node},
+            "metadata": {"generateName": f"{about.name}."},
+            "involvedObject": about.reference(),
             "reason": reason,
             "message": message,
             "type": type_,
-            "source": {"component": self.component, "host": node},
+            "source": {"component": self.component, "host": host},
+            "reportingComponent": self.component,
+            "reportingInstance": host,
             "count": count,
             "firstTimestamp": _timestamp(series.first),
             "lastTimestamp": _timestamp(series.last),
         }
         try:
-            answer = await client.create(CORE_EVENTS, body, "default")
+            answer = await client.create(CORE_EVENTS, body, about.event_namespace)
         except KubeError as exc:
-            NODE_EVENTS.labels("failed").inc()
-            log.warning("event not recorded", reason=reason, error=str(exc))
+            self._counter.labels("failed").inc()
+            log.warning("event not recorded", reason=reason, on=about.name, error=str(exc))
             return
-        NODE_EVENTS.labels("created").inc()
+        self._counter.labels("created").inc()
         self._posted(key, series, count, _name_of(answer))
 
     async def _update(self, client: EventSink, key: Key) -> None:
@@ -246,7 +311,8 @@ class EventRecorder:
         count = series.count
         patch = {"count": count, "lastTimestamp": _timestamp(series.last)}
         try:
-            await client.patch(CORE_EVENTS, series.name, patch, "default")
+            namespace = key[0].event_namespace if key[0] is not None else "default"
+            await client.patch(CORE_EVENTS, series.name, patch, namespace)
         except NotFound:
             # Gone (the apiserver keeps Events for its --event-ttl, 1 h by default): the
             # series starts a new Event.
@@ -255,16 +321,16 @@ class EventRecorder:
                 self._creates[key] = None
             return
         except KubeError as exc:
-            NODE_EVENTS.labels("failed").inc()
-            log.warning("event count not updated", reason=key[1], error=str(exc))
+            self._counter.labels("failed").inc()
+            log.warning("event count not updated", reason=key[2], error=str(exc))
             return
-        NODE_EVENTS.labels("updated").inc()
+        self._counter.labels("updated").inc()
         self._posted(key, series, count, series.name)
 
     def _posted(self, key: Key, series: _Series, count: int, name: str | None) -> None:
         now = trio.current_time()
         series.name, series.posted, series.last_post = name, count, now
-        self.posted[key[1]] = self.posted.get(key[1], 0) + 1
+        self.posted[key[2]] = self.posted.get(key[2], 0) + 1
         if name is not None and series.count > count and self._patches:
             # Repeats while the request was under way.
             self._updates.set(key, now + self.update_interval)

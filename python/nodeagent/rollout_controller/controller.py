@@ -26,7 +26,7 @@ import msgspec
 import trio
 
 from nodeagent.accumulator import Accumulator, ObjectMap, Query
-from nodeagent.kube import NODES, Conflict, KubeClient, KubeError, NotFound
+from nodeagent.kube import NODES, Conflict, EventRecorder, Involved, KubeClient, KubeError, NotFound
 from nodeagent.log import get_logger
 from nodeagent.rollout.api import Phase, RolloutStatus
 from nodeagent.rollout.plan import Event, plan
@@ -38,13 +38,17 @@ from nodeagent.rollout_controller.observe import (
     Rollout,
     rollouts,
 )
-from nodeagent.rollout_controller.recorder import EventRecorder
 from nodeagent.rollout_controller.settings import ControllerSettings
 from nodeagent.rollout_controller.writer import status_document
 
 log = get_logger(__name__)
 
 __all__ = ["Controller", "main"]
+
+# The Events' source and reportingComponent (the host and instance: the controller's identity).
+COMPONENT = "nodeagent-rollout-controller"
+# Events waiting to be posted: the plan gives one per transition, a fleet's rollout a few dozen.
+EVENT_BACKLOG = 1000
 
 # Attempts of one object's write when it keeps conflicting (each a fresh read and a replan);
 # past them the next change or timer tries again.
@@ -83,7 +87,15 @@ class Controller:
             on_change=self.poke,
             clock=clock,
         )
-        self.recorder = EventRecorder(client, identity=settings.identity)
+        # The process's one recorder (kube.events): Events on the NodeAgentConfigs, in
+        # "default" (cluster-scoped objects), repeats of one message on one object aggregated.
+        self.recorder = EventRecorder(
+            client=client,
+            backlog=EVENT_BACKLOG,
+            component=COMPONENT,
+            host=settings.identity,
+            counter=metrics.EVENTS,
+        )
         self.accumulator = Accumulator(
             client,
             [
@@ -167,9 +179,13 @@ class Controller:
             log.warning("NodeAgentConfig not rolled out: invalid", object=name, error=why)
             obj = next((o for o in objects if (o.get("metadata") or {}).get("name") == name), None)
             if isinstance(obj, dict):
-                self.recorder.record(obj, Event("Warning", "RolloutInvalid", why))
+                self._record(obj, Event("Warning", "RolloutInvalid", why))
         self._invalid = dict(problems)
         metrics.INVALID.set(len(problems))
+
+    def _record(self, obj: dict[str, Any], event: Event) -> None:
+        about = Involved.of(NODEAGENTCONFIGS, obj)
+        self.recorder.record(event.type, event.reason, event.message, about=about)
 
     def _forget(self, name: str) -> None:
         self._phases.pop(name, None)
@@ -228,7 +244,7 @@ class Controller:
             self.writes += 1
             self._last_write[rollout.name] = trio.current_time()
             for event in planned.events:
-                self.recorder.record(rollout.obj, event)
+                self._record(rollout.obj, event)
             log.info(
                 "rollout status written",
                 object=rollout.name,

@@ -21,9 +21,9 @@ CONFLICTS = Counter(
 )
 EVENTS = Counter(
     "nodeagent_rollout_events_total",
-    "Events posted on NodeAgentConfigs, by reason (RolloutStarted, WaveStarted, RolloutPaused, "
-    "RolloutResumed, RolloutHalted, RolloutAborted, RolloutComplete) and result (ok, failed).",
-    ["reason", "result"],
+    "Events on NodeAgentConfigs by result, counted by the recorder (kube.events) as "
+    "nodeagent_node_events_total: created, updated, aggregated, failed, dropped.",
+    ["result"],
 )
 PHASE = Gauge(
     "nodeagent_rollout_phase",

@@ -1,5 +1,6 @@
 """The process's Event recorder: buffered until attached, repeats aggregated into a count, a
-bounded backlog, failures counted and not retried."""
+bounded backlog, failures counted and not retried; Events on the Node by default, on another
+object (the rollout controller's NodeAgentConfigs) when a record names it."""
 
 from __future__ import annotations
 
@@ -10,31 +11,37 @@ from typing import Any
 
 import trio
 import trio.testing
+from prometheus_client import CollectorRegistry, Counter
 
 from nodeagent.kube.errors import Forbidden, NotFound
-from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink
+from nodeagent.kube.events import NODE_EVENTS, EventRecorder, EventSink, Involved
+from tests.support.nodeagentconfig import NAC
+from tests.support.resources import PODS
 
 
 class Sink:
     """Creates (named) and patches Events; `fail` refuses every request, `gone` answers
     patches 404."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: str = "default") -> None:
+        self.namespace = namespace  # where every request must go
         self.created: list[dict[str, Any]] = []
         self.patched: list[tuple[str, dict[str, Any]]] = []
         self.fail = False
         self.gone = False
 
     async def create(self, resource: Any, obj: Any, namespace: str | None = None) -> bytes:
-        assert namespace == "default"
+        assert namespace == self.namespace
         if self.fail:
             raise Forbidden(403, "Forbidden", "no events for you")
         self.created.append(obj)
-        return json.dumps({"metadata": {"name": f"node-a.{len(self.created)}"}}).encode()
+        prefix = obj["metadata"]["generateName"]
+        return json.dumps({"metadata": {"name": f"{prefix}{len(self.created)}"}}).encode()
 
     async def patch(
         self, resource: Any, name: str, patch: Any, namespace: str | None = None
     ) -> bytes:
+        assert namespace == self.namespace
         if self.gone:
             raise NotFound(404, "NotFound", "events not found")
         self.patched.append((name, patch))
@@ -214,3 +221,76 @@ def test_a_recorder_turned_off_keeps_nothing() -> None:
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert sink.created == []
+
+
+ROLLOUT = "nodeagent-rollout-controller"
+
+
+def nac(name: str, uid: str, version: str) -> Involved:
+    obj = {"metadata": {"name": name, "uid": uid, "resourceVersion": version}}
+    return Involved.of(NAC, obj)
+
+
+async def test_events_on_a_cluster_scoped_object_live_in_default_and_aggregate_per_object(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """The rollout controller's shape: no Node, its own source and counter; the same message on
+    two objects is two Events, its repeat on one a count on that one's Event."""
+    counter = Counter("test_rollout_events_total", "t", ["result"], registry=CollectorRegistry())
+    sink = Sink()
+    recorder = EventRecorder(
+        client=sink, component=ROLLOUT, host="ctl-1", counter=counter, clock=wall
+    )
+    node_created = count("created")
+    async with running(recorder):
+        recorder.normal("WaveStarted", "wave 1", about=nac("web", "u1", "7"))
+        recorder.normal("WaveStarted", "wave 1", about=nac("db", "u2", "3"))
+        await trio.testing.wait_all_tasks_blocked()
+        # A later resourceVersion of the same object: the same series.
+        recorder.normal("WaveStarted", "wave 1", about=nac("web", "u1", "8"))
+        await trio.sleep(61)
+    web, db = sink.created
+    assert web["involvedObject"] == {
+        "apiVersion": "nodeagent.io/v1alpha1",
+        "kind": "NodeAgentConfig",
+        "name": "web",
+        "uid": "u1",
+        "resourceVersion": "7",
+    }
+    assert web["metadata"] == {"generateName": "web."}
+    assert db["involvedObject"]["name"] == "db" and db["metadata"] == {"generateName": "db."}
+    assert web["source"] == {"component": ROLLOUT, "host": "ctl-1"}
+    assert (web["reportingComponent"], web["reportingInstance"]) == (ROLLOUT, "ctl-1")
+    assert [(e["reason"], e["count"]) for e in sink.created] == [("WaveStarted", 1)] * 2
+    assert sink.patched == [("web.1", {"count": 2, "lastTimestamp": "2027-01-15T08:00:00Z"})]
+    assert recorder.posted == {"WaveStarted": 3}
+    # Counted on the counter given, not on the Node's.
+    assert counter.labels("created")._value.get() == 2
+    assert counter.labels("aggregated")._value.get() == 1
+    assert counter.labels("updated")._value.get() == 1
+    assert count("created") == node_created
+
+
+async def test_events_on_a_namespaced_object_live_in_its_namespace(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    sink = Sink(namespace="team-a")
+    recorder = EventRecorder("node-a", client=sink, update_interval=1)
+    pod = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u", "resourceVersion": "1"}}
+    async with running(recorder):
+        recorder.warn("R", "m", about=Involved.of(PODS, pod))
+        await trio.testing.wait_all_tasks_blocked()
+        recorder.warn("R", "m", about=Involved.of(PODS, pod))
+        await trio.sleep(2)
+    (event,) = sink.created
+    assert event["involvedObject"] == {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "namespace": "team-a",
+        "name": "p",
+        "uid": "u",
+        "resourceVersion": "1",
+    }
+    # Without a host of its own: the node's name, as the Node's Events.
+    assert event["source"] == {"component": "nodeagent", "host": "node-a"}
+    assert [name for name, _ in sink.patched] == ["p.1"]

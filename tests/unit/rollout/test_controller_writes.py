@@ -12,7 +12,7 @@ import trio
 import trio.testing
 
 from nodeagent.dynconfig.status import Condition, condition_patch
-from nodeagent.kube import ClusterConfig, Conflict, KubeClient
+from nodeagent.kube import ClusterConfig, Conflict, Involved, KubeClient
 from nodeagent.rollout.plan import Event
 from nodeagent.rollout_controller import metrics
 from nodeagent.rollout_controller.controller import Controller
@@ -57,7 +57,13 @@ def controller(api: Api, *, leading: bool = True) -> tuple[Controller, list[Even
     made.elector._holding = leading
     made.elector._renewed = trio.current_time() if leading else -1e9
     events: list[Event] = []
-    made.recorder.record = lambda obj, event: events.append(event)  # type: ignore[method-assign]
+
+    def record(
+        event_type: str, reason: str, message: str, *, about: Involved | None = None
+    ) -> None:
+        events.append(Event(event_type, reason, message))
+
+    made.recorder.record = record  # type: ignore[method-assign]
     return made, events
 
 
