@@ -200,11 +200,12 @@ class EventRecorder:
             self.node_name = node_name
         self._wake.set()
 
-    def warn(self, reason: str, message: str, *, about: Involved | None = None) -> None:
-        self.record("Warning", reason, message, about=about)
+    # On the Node (the agent's components); `record` names another object.
+    def warn(self, reason: str, message: str) -> None:
+        self.record("Warning", reason, message)
 
-    def normal(self, reason: str, message: str, *, about: Involved | None = None) -> None:
-        self.record("Normal", reason, message, about=about)
+    def normal(self, reason: str, message: str) -> None:
+        self.record("Normal", reason, message)
 
     def record(
         self, event_type: str, reason: str, message: str, *, about: Involved | None = None

@@ -243,11 +243,11 @@ async def test_events_on_a_cluster_scoped_object_live_in_default_and_aggregate_p
     )
     node_created = count("created")
     async with running(recorder):
-        recorder.normal("WaveStarted", "wave 1", about=nac("web", "u1", "7"))
-        recorder.normal("WaveStarted", "wave 1", about=nac("db", "u2", "3"))
+        recorder.record("Normal", "WaveStarted", "wave 1", about=nac("web", "u1", "7"))
+        recorder.record("Normal", "WaveStarted", "wave 1", about=nac("db", "u2", "3"))
         await trio.testing.wait_all_tasks_blocked()
         # A later resourceVersion of the same object: the same series.
-        recorder.normal("WaveStarted", "wave 1", about=nac("web", "u1", "8"))
+        recorder.record("Normal", "WaveStarted", "wave 1", about=nac("web", "u1", "8"))
         await trio.sleep(61)
     web, db = sink.created
     assert web["involvedObject"] == {
@@ -278,9 +278,9 @@ async def test_events_on_a_namespaced_object_live_in_its_namespace(
     recorder = EventRecorder("node-a", client=sink, update_interval=1)
     pod = {"metadata": {"name": "p", "namespace": "team-a", "uid": "u", "resourceVersion": "1"}}
     async with running(recorder):
-        recorder.warn("R", "m", about=Involved.of(PODS, pod))
+        recorder.record("Warning", "R", "m", about=Involved.of(PODS, pod))
         await trio.testing.wait_all_tasks_blocked()
-        recorder.warn("R", "m", about=Involved.of(PODS, pod))
+        recorder.record("Warning", "R", "m", about=Involved.of(PODS, pod))
         await trio.sleep(2)
     (event,) = sink.created
     assert event["involvedObject"] == {
